@@ -1,0 +1,162 @@
+"""The video pipeline entry point: a `GenerationRequest` in, frames and timings out.
+
+Wraps diffusers' `WanPipeline` / `WanImageToVideoPipeline` (Wan2.1 T2V and I2V, Wan2.2
+TI2V with `expand_timesteps`, Wan2.2 A14B with two experts). A model is loaded once per
+(model, device, dtype) and kept; a per-step callback reports progress and lets the
+caller cancel between denoising steps by raising `JobCancelled`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
+from PIL import Image, ImageOps
+
+from vidserve.registry import SERVING_FILE, ModelSpec
+from vidserve.requests import GenerationRequest
+
+from .tiny import build_tiny_pipeline
+
+StepCallback = Callable[[int, int], None]  # (steps done, total steps); may raise JobCancelled
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}") from None
+
+
+@dataclass
+class GenerationResult:
+    frames: np.ndarray  # uint8 [frames, height, width, 3]
+    fps: int
+    seed: int
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: load, denoise, decode
+
+
+def _load_diffusers(spec: ModelSpec, dtype: torch.dtype) -> DiffusionPipeline:
+    if spec.builtin:
+        # Built-in models take the checkpoint path too (build -> save -> from_pretrained),
+        # so `--model wan-tiny` and an exported folder give bit-identical frames.
+        with tempfile.TemporaryDirectory(prefix=f"vidserve-{spec.name}-") as folder:
+            build_tiny_pipeline(spec).save_pretrained(folder)
+            return _from_pretrained(folder, spec, dtype)
+    return _from_pretrained(spec.source, spec, dtype)
+
+
+def _from_pretrained(source: str, spec: ModelSpec, dtype: torch.dtype) -> DiffusionPipeline:
+    # The VAE and CLIP image encoder stay in float32, as Wan's authors run them: they are
+    # small, and their precision is what the decoded frames show.
+    dtypes = {"default": dtype, "vae": torch.float32, "image_encoder": torch.float32}
+    pipe = DiffusionPipeline.from_pretrained(source, dtype=dtypes)
+    if "flow_shift" in pipe.scheduler.config and pipe.scheduler.config.flow_shift != spec.flow_shift:
+        pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=spec.flow_shift)
+    return pipe
+
+
+class VideoPipeline:
+    """One resident model, ready to serve requests one at a time."""
+
+    def __init__(self, spec: ModelSpec, pipe: DiffusionPipeline, device: torch.device, load_seconds: float = 0.0):
+        self.spec = spec
+        self.device = device
+        self.load_seconds = load_seconds
+        pipe.set_progress_bar_config(disable=True)
+        self.text_pipe = pipe if isinstance(pipe, WanPipeline) else None
+        self.image_pipe = pipe if isinstance(pipe, WanImageToVideoPipeline) else None
+        if spec.kind == "ti2v" and self.image_pipe is None:
+            # Wan2.2 TI2V is one set of weights behind two diffusers pipelines.
+            self.image_pipe = WanImageToVideoPipeline(
+                tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler,
+                transformer=pipe.transformer, transformer_2=pipe.transformer_2,
+                boundary_ratio=pipe.config.boundary_ratio, expand_timesteps=True,
+            )
+            self.image_pipe.set_progress_bar_config(disable=True)
+
+    @classmethod
+    def load(cls, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> "VideoPipeline":
+        start = time.perf_counter()
+        pipe = _load_diffusers(spec, dtype).to(device)
+        return cls(spec, pipe, device, time.perf_counter() - start)
+
+    @property
+    def diffusers_pipeline(self) -> DiffusionPipeline:
+        return self.text_pipe or self.image_pipe
+
+    def save(self, folder: str) -> None:
+        """Write the model as an ordinary diffusers folder that `--model FOLDER` loads."""
+        self.diffusers_pipeline.save_pretrained(folder, safe_serialization=True)
+        (Path(folder) / SERVING_FILE).write_text(json.dumps({"base": self.spec.name}, indent=2) + "\n")
+
+    def generate(self, request: GenerationRequest, on_step: StepCallback | None = None) -> GenerationResult:
+        kwargs = dict(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt or None,
+            height=request.height,
+            width=request.width,
+            num_frames=request.num_frames,
+            num_inference_steps=request.steps,
+            guidance_scale=request.guidance,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            output_type="np",
+            **request.options,
+        )
+        if request.image is not None:
+            # Crop to the requested aspect instead of letting the pipeline stretch the image.
+            kwargs["image"] = ImageOps.fit(request.image, (request.width, request.height), Image.LANCZOS)
+            pipe = self.image_pipe
+        else:
+            pipe = self.text_pipe
+        if pipe is None:
+            raise ValueError(f"model {self.spec.name} cannot generate {'with' if request.image else 'without'} an image")
+
+        last_step = [time.perf_counter()]
+
+        def step_end(_pipe, index, _timestep, callback_kwargs):
+            last_step[0] = time.perf_counter()
+            if on_step is not None:
+                on_step(index + 1, request.steps)
+            return callback_kwargs
+
+        start = time.perf_counter()
+        with torch.inference_mode():
+            video = pipe(callback_on_step_end=step_end, **kwargs).frames[0]
+        end = time.perf_counter()
+        frames = (np.clip(video, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        timings = {"denoise": last_step[0] - start, "decode": end - last_step[0]}
+        return GenerationResult(frames=frames, fps=request.fps, seed=request.seed, timings=timings)
+
+
+_loaded: dict[tuple[str, str, str], VideoPipeline] = {}
+_load_lock = threading.Lock()
+
+
+def get_pipeline(spec: ModelSpec, device: str = "auto", dtype: str = "auto") -> VideoPipeline:
+    """The resident pipeline for this model, loading it on first use."""
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    key = (spec.source if not spec.builtin else spec.name, str(torch_device), str(torch_dtype))
+    with _load_lock:
+        if key not in _loaded:
+            _loaded[key] = VideoPipeline.load(spec, torch_device, torch_dtype)
+        return _loaded[key]

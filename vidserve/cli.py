@@ -1,0 +1,139 @@
+"""`vidserve` command line: generate a clip, list models, export the tiny models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from vidserve.config import Settings, get_settings
+from vidserve.errors import VidserveError
+
+PROG = "vidserve"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments end in one line on stderr and exit status 2, not a usage dump."""
+
+    def error(self, message: str):
+        self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k in ("device", "dtype", "data_dir") if (v := getattr(args, k, None)) is not None}
+    return get_settings().model_copy(update=overrides)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from vidserve.registry import MODELS
+
+    rows = [("name", "kind", "native size", "fps", "chunk", "shift", "experts", "stride x patch", "source")]
+    for s in MODELS.values():
+        geometry = "x".join(map(str, s.vae_stride)) + " x " + "x".join(map(str, s.patch_size))
+        rows.append((s.name, s.kind, f"{s.width}x{s.height}", str(s.fps), str(s.frames_per_chunk),
+                     f"{s.flow_shift:g}", str(s.experts), geometry, s.source))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from vidserve.media import encode_mp4, load_image
+    from vidserve.registry import resolve
+    from vidserve.requests import build_request
+
+    settings = _settings(args)
+    spec = resolve(args.model or settings.default_model)
+    image = load_image(args.image, settings.max_image_pixels) if args.image else None
+    request = build_request(
+        spec, settings, args.prompt, size=args.size, seconds=args.seconds, num_frames=args.frames, fps=args.fps,
+        steps=args.steps, guidance=args.guidance, seed=args.seed, negative_prompt=args.negative_prompt or "",
+        image=image,
+    )
+    output = Path(args.output or f"vidserve-{request.seed}.mp4")
+    if output.parent and not output.parent.exists():
+        output.parent.mkdir(parents=True)
+
+    from tqdm import tqdm
+
+    from vidserve.pipelines.video import get_pipeline
+
+    start = time.perf_counter()
+    pipeline = get_pipeline(spec, settings.device, settings.dtype)
+    load_s = time.perf_counter() - start
+    desc = f"{spec.name} {request.width}x{request.height}x{request.num_frames}"
+    with tqdm(total=request.steps, desc=desc, unit="step", file=sys.stderr, disable=args.quiet) as bar:
+        result = pipeline.generate(request, on_step=lambda done, total: bar.update(done - bar.n))
+    start = time.perf_counter()
+    encode_mp4(result.frames, output, fps=request.fps)
+    timings = {"load": load_s, **result.timings, "encode": time.perf_counter() - start}
+    print(output)
+    print(f"seed {request.seed}, {request.num_frames} frames {request.width}x{request.height} @ {request.fps} fps; "
+          + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items()), file=sys.stderr)
+    return 0
+
+
+def cmd_export_tiny(args: argparse.Namespace) -> int:
+    from vidserve.registry import resolve
+
+    spec = resolve(args.model)
+    if not spec.builtin:
+        raise VidserveError(f"{args.model} is not a built-in model; export-tiny writes one of the built-in ones")
+    if Path(args.dir).exists() and any(Path(args.dir).iterdir()):
+        raise VidserveError(f"{args.dir} exists and is not empty")
+    import torch
+
+    from vidserve.pipelines.video import VideoPipeline
+
+    # float32 on the CPU, so loading the folder reproduces the built-in model exactly.
+    VideoPipeline.load(spec, torch.device("cpu"), torch.float32).save(args.dir)
+    print(args.dir)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Video/diffusion inference server for open Wan models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="render one clip to an MP4")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", help="registry name or local diffusers folder (default: settings.default_model)")
+    gen.add_argument("--image", help="first frame for image-to-video models")
+    gen.add_argument("--size", help="WIDTHxHEIGHT, multiples of 16 (default: the model's native size)")
+    length = gen.add_mutually_exclusive_group()
+    length.add_argument("--seconds", type=float, help="clip length; frames = 4*ceil(seconds*fps/4)+1")
+    length.add_argument("--frames", type=int, help="exact frame count, 4k+1")
+    gen.add_argument("--fps", type=int)
+    gen.add_argument("--steps", type=int, help="denoising steps")
+    gen.add_argument("--guidance", type=float, help="classifier-free guidance scale")
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--negative-prompt")
+    gen.add_argument("-o", "--output", help="output MP4 path (default: vidserve-SEED.mp4)")
+    gen.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    gen.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    gen.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    gen.set_defaults(func=cmd_generate)
+
+    models = sub.add_parser("models", help="list the model registry")
+    models.set_defaults(func=cmd_models)
+
+    export = sub.add_parser("export-tiny", help="write a built-in tiny model as a diffusers folder")
+    export.add_argument("dir")
+    export.add_argument("--model", default="wan-tiny")
+    export.set_defaults(func=cmd_export_tiny)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except VidserveError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Video and image I/O: frames in and out of MP4, thumbnails, and safe loading of user images.
+
+Frames are always uint8 numpy arrays shaped [N, H, W, 3] (RGB). No torch here, so the API
+process and the CLI can import this without pulling in the model stack.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from typing import BinaryIO
+
+import ffmpeg
+import imageio_ffmpeg
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from vidserve.errors import InvalidRequest
+
+
+@lru_cache(maxsize=1)
+def ffmpeg_exe() -> str:
+    # There is no system ffmpeg to rely on; imageio-ffmpeg ships a static binary with libx264.
+    # Resolved lazily because the lookup touches the filesystem.
+    return imageio_ffmpeg.get_ffmpeg_exe()
+
+
+def _check_frames(frames: np.ndarray) -> None:
+    if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8:
+        raise ValueError(f"frames must be a uint8 numpy array, got {getattr(frames, 'dtype', type(frames))}")
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be shaped [N, H, W, 3], got {list(frames.shape)}")
+    if frames.shape[0] < 1:
+        raise ValueError("frames must contain at least one frame")
+
+
+def encode_mp4(frames: np.ndarray, path: str | Path, fps: int, crf: int = 18) -> Path:
+    """Encode RGB frames as an H.264/yuv420p MP4 that browsers can stream, atomically."""
+    _check_frames(frames)
+    _, h, w, _ = frames.shape
+    if h % 2 or w % 2:
+        # yuv420p stores chroma at half resolution, so libx264 rejects odd sizes.
+        raise ValueError(f"width and height must be even for yuv420p, got {w}x{h}")
+    path = Path(path)
+    # Encode next to the target and rename, so a reader never sees a half-written file.
+    # (Not mkstemp: its 0600 mode would survive the rename and hide the video from a web server.)
+    tmp = str(path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp"))
+    stream = ffmpeg.input("pipe:", format="rawvideo", pix_fmt="rgb24", s=f"{w}x{h}", framerate=fps).output(
+        tmp,
+        format="mp4",  # the temp name has no .mp4 suffix to infer it from
+        vcodec="libx264",
+        pix_fmt="yuv420p",
+        crf=crf,
+        movflags="+faststart",  # moov before mdat: playback can start before the download ends
+        # libx264 is deterministic already; these make the bytes depend only on the frames:
+        # bitexact drops the muxer's "Lavf<version>" tag, -map_metadata -1 any inherited tags,
+        # and a fixed thread count stops x264's options SEI ("threads=N") following the CPU count.
+        fflags="+bitexact",
+        map_metadata=-1,
+        threads=8,
+    )
+    try:
+        stream.run(cmd=ffmpeg_exe(), input=frames.tobytes(), quiet=True, overwrite_output=True)
+        os.replace(tmp, path)
+    except ffmpeg.Error as exc:
+        tail = "\n".join(exc.stderr.decode(errors="replace").strip().splitlines()[-5:])
+        raise RuntimeError(f"ffmpeg failed to encode {path}:\n{tail}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def read_video(path: str | Path) -> tuple[np.ndarray, float]:
+    """Decode every frame of a video as uint8 RGB; returns (frames [N, H, W, 3], fps)."""
+    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+    meta = next(reader)
+    w, h = meta["size"]
+    frames = np.stack([np.frombuffer(buf, np.uint8).reshape(h, w, 3) for buf in reader])
+    return frames, float(meta["fps"])
+
+
+def save_thumbnail(frames: np.ndarray, path: str | Path, format: str | None = None) -> Path:
+    """Save the middle frame as a still (PNG or WebP, from `format` or the file suffix)."""
+    _check_frames(frames)
+    path = Path(path)
+    Image.fromarray(frames[len(frames) // 2]).save(path, format=format)
+    return path
+
+
+def last_frame(frames: np.ndarray) -> Image.Image:
+    """The final frame as a PIL image, e.g. to seed the next clip of an extension."""
+    _check_frames(frames)
+    return Image.fromarray(frames[-1])
+
+
+def load_image(source: str | Path | bytes | BinaryIO, max_pixels: int) -> Image.Image:
+    """Open a user-supplied image as RGB, refusing anything unreadable or too large."""
+    if isinstance(source, (str, Path)):
+        name, fp = repr(str(source)), source
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        name, fp = "from the request", io.BytesIO(source)
+    else:
+        name, fp = repr(getattr(source, "name", "from the upload")), source
+
+    def invalid(reason: str) -> InvalidRequest:
+        return InvalidRequest(f"could not read image {name}: {reason}", param="image")
+
+    try:
+        with warnings.catch_warnings():
+            # Pillow only warns between 1x and 2x its bomb limit; treat both the same.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(fp) as img:
+                # Image.open reads only the header, so this check runs before any pixels are decoded.
+                pixels = img.width * img.height
+                if pixels > max_pixels:
+                    raise InvalidRequest(
+                        f"image is {img.width}x{img.height} = {pixels} pixels; the limit is {max_pixels}",
+                        param="image",
+                    )
+                # Phone photos are often stored sideways with an EXIF rotation flag.
+                return ImageOps.exif_transpose(img).convert("RGB")
+    except InvalidRequest:
+        raise
+    except FileNotFoundError:
+        raise invalid("no such file") from None
+    except UnidentifiedImageError:
+        raise invalid("not a PNG, JPEG, WebP or other image Pillow can decode") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise invalid(f"larger than Pillow's decompression-bomb limit of {Image.MAX_IMAGE_PIXELS} pixels") from None
+    except Exception as exc:  # Pillow's decoders raise OSError, SyntaxError, ValueError, EOFError, ...
+        raise invalid(f"the file is corrupt or truncated ({exc})") from None

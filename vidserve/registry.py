@@ -1,0 +1,142 @@
+"""Named model specs: what serving needs to know about a checkpoint before loading it.
+
+A spec is pure data (no torch), so the API can validate requests against it. `--model`
+accepts a registry name or a local diffusers folder, whose spec is read from its
+`model_index.json` and component configs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from vidserve.errors import InvalidRequest, UnknownModel
+
+KINDS = ("t2v", "i2v", "ti2v")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    kind: str  # t2v: text only; i2v: needs an image; ti2v: text, with an optional first frame
+    source: str  # hub id, local folder, or "builtin" for models built in code
+    width: int  # native size
+    height: int
+    fps: int
+    frames_per_chunk: int  # the clip length the model was trained on (4k+1)
+    flow_shift: float
+    experts: int = 1  # Wan2.2 A14B: a high-noise and a low-noise transformer
+    boundary_ratio: float | None = None  # where the high-noise expert hands over
+    vae_stride: tuple[int, int, int] = (4, 8, 8)  # (t, h, w) compression of the VAE
+    patch_size: tuple[int, int, int] = (1, 2, 2)  # (t, h, w) patchify of the transformer
+    default_steps: int = 50
+    default_guidance: float = 5.0
+    description: str = ""
+
+    @property
+    def needs_image(self) -> bool:
+        return self.kind == "i2v"
+
+    @property
+    def accepts_image(self) -> bool:
+        return self.kind in ("i2v", "ti2v")
+
+    @property
+    def size_multiple(self) -> int:
+        """Width and height must be multiples of this (VAE stride x patch, at least 16)."""
+        return max(16, self.vae_stride[1] * self.patch_size[1], self.vae_stride[2] * self.patch_size[2])
+
+    @property
+    def builtin(self) -> bool:
+        return self.source == "builtin"
+
+    def token_grid(self, num_frames: int, width: int, height: int) -> tuple[int, int, int]:
+        """(F, H, W) of the DiT's spatiotemporal tokens for a clip of this size."""
+        t, h, w = self.vae_stride
+        pt, ph, pw = self.patch_size
+        return ((num_frames - 1) // t + 1) // pt, height // h // ph, width // w // pw
+
+
+_WAN21 = dict(vae_stride=(4, 8, 8), patch_size=(1, 2, 2))
+_WAN22_5B = dict(vae_stride=(4, 16, 16), patch_size=(1, 2, 2))
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in [
+        ModelSpec("wan-tiny", "t2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4,
+                  description="Random-weight Wan2.1-style text-to-video, built in code (tests, demos)", **_WAN21),
+        ModelSpec("wan-tiny-i2v", "i2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4,
+                  description="Random-weight Wan2.1-style image-to-video with a tiny CLIP encoder", **_WAN21),
+        ModelSpec("wan-tiny-ti2v", "ti2v", "builtin", 64, 64, 24, 33, 5.0, default_steps=4,
+                  description="Random-weight Wan2.2-style text/image-to-video (expand_timesteps)", **_WAN22_5B),
+        ModelSpec("Wan2.1-T2V-1.3B", "t2v", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", 832, 480, 16, 81, 3.0,
+                  default_guidance=5.0, **_WAN21),
+        ModelSpec("Wan2.1-T2V-14B", "t2v", "Wan-AI/Wan2.1-T2V-14B-Diffusers", 1280, 720, 16, 81, 5.0, **_WAN21),
+        ModelSpec("Wan2.1-I2V-14B-480P", "i2v", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", 832, 480, 16, 81, 3.0,
+                  **_WAN21),
+        ModelSpec("Wan2.1-I2V-14B-720P", "i2v", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", 1280, 720, 16, 81, 5.0,
+                  **_WAN21),
+        ModelSpec("Wan2.2-TI2V-5B", "ti2v", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", 1280, 704, 24, 121, 5.0,
+                  **_WAN22_5B),
+        ModelSpec("Wan2.2-T2V-A14B", "t2v", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", 1280, 720, 16, 81, 12.0,
+                  experts=2, boundary_ratio=0.875, default_guidance=4.0, **_WAN21),
+        ModelSpec("Wan2.2-I2V-A14B", "i2v", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", 1280, 720, 16, 81, 5.0,
+                  experts=2, boundary_ratio=0.9, default_guidance=3.5, **_WAN21),
+    ]
+}
+
+
+SERVING_FILE = "vidserve.json"
+_FAMILY_DEFAULT = {"t2v": "Wan2.1-T2V-1.3B", "i2v": "Wan2.1-I2V-14B-480P", "ti2v": "Wan2.2-TI2V-5B"}
+
+
+def resolve(name: str) -> ModelSpec:
+    """A registry name, or a local diffusers folder (its spec read from its configs)."""
+    if name in MODELS:
+        return MODELS[name]
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return spec_from_folder(path)
+    raise UnknownModel(name, list(MODELS))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"{path} is not a readable diffusers model folder: {exc}", param="model") from exc
+
+
+def spec_from_folder(path: Path) -> ModelSpec:
+    index = _read_json(path / "model_index.json")
+    pipeline_class = index.get("_class_name", "")
+    if pipeline_class not in ("WanPipeline", "WanImageToVideoPipeline"):
+        raise InvalidRequest(f"{path}: pipeline {pipeline_class!r} is not a Wan pipeline", param="model")
+    transformer = _read_json(path / "transformer" / "config.json")
+    vae = _read_json(path / "vae" / "config.json")
+    spatial = vae.get("scale_factor_spatial", 8)
+    temporal = vae.get("scale_factor_temporal", 4)
+    if index.get("expand_timesteps"):
+        kind = "ti2v"
+    elif pipeline_class == "WanImageToVideoPipeline":
+        kind = "i2v"
+    else:
+        kind = "t2v"
+    scheduler = _read_json(path / "scheduler" / "scheduler_config.json")
+    # Serving facts (native size, fps, chunk length) are not in diffusers' configs:
+    # `export-tiny` writes them to vidserve.json; other folders get their family's.
+    serving = _read_json(path / SERVING_FILE) if (path / SERVING_FILE).exists() else {}
+    base = MODELS[serving.get("base", _FAMILY_DEFAULT[kind])]
+    return replace(
+        base,
+        name=str(path),
+        source=str(path),
+        kind=kind,
+        flow_shift=float(scheduler.get("flow_shift", scheduler.get("shift", base.flow_shift))),
+        experts=2 if (index.get("transformer_2") or [None])[0] else 1,
+        boundary_ratio=index.get("boundary_ratio"),
+        vae_stride=(temporal, spatial, spatial),
+        patch_size=tuple(transformer.get("patch_size", (1, 2, 2))),
+        description=f"local folder ({pipeline_class})",
+    )

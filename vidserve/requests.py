@@ -1,0 +1,124 @@
+"""The generation request: one validated, fully-resolved description of a video to make.
+
+Shared by the CLI and the API so both apply the same rules, before any model is loaded:
+`num_frames = 4*ceil(seconds*fps/4) + 1`, explicit frame counts are 4k+1, width and
+height are multiples of 16 (or of the model's VAE stride x patch).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from vidserve.config import Settings
+from vidserve.errors import InvalidRequest
+from vidserve.registry import ModelSpec
+
+
+@dataclass
+class GenerationRequest:
+    model: str
+    prompt: str
+    width: int
+    height: int
+    num_frames: int
+    fps: int
+    steps: int
+    guidance: float
+    seed: int
+    negative_prompt: str = ""
+    image: Any = None  # a PIL RGB image conditioning the first frame (i2v / ti2v)
+    options: dict[str, Any] = field(default_factory=dict)  # model options (e.g. guidance_scale_2)
+
+    @property
+    def seconds(self) -> float:
+        return (self.num_frames - 1) / self.fps
+
+
+def frames_for_seconds(seconds: float, fps: int) -> int:
+    """5 s at 16 fps -> 81; 2 s -> 33. The +1 is the first frame the VAE keeps whole."""
+    return 4 * math.ceil(round(seconds * fps, 6) / 4) + 1
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """'WxH' -> (width, height)."""
+    parts = size.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise InvalidRequest(f"size must look like WIDTHxHEIGHT (e.g. 832x480), got {size!r}", param="size")
+    return int(parts[0]), int(parts[1])
+
+
+def build_request(
+    spec: ModelSpec,
+    settings: Settings,
+    prompt: str,
+    *,
+    size: str | None = None,
+    seconds: float | None = None,
+    num_frames: int | None = None,
+    fps: int | None = None,
+    steps: int | None = None,
+    guidance: float | None = None,
+    seed: int | None = None,
+    negative_prompt: str = "",
+    image: Any = None,
+    options: dict[str, Any] | None = None,
+) -> GenerationRequest:
+    """Check every field against the model and the server limits; fill in defaults."""
+    if not prompt or not prompt.strip():
+        raise InvalidRequest("prompt must not be empty", param="prompt")
+    if spec.needs_image and image is None:
+        raise InvalidRequest(f"model {spec.name} is image-to-video: give an image to start from", param="image")
+    if image is not None and not spec.accepts_image:
+        raise InvalidRequest(f"model {spec.name} is text-to-video and takes no image", param="image")
+
+    width, height = parse_size(size) if size else (spec.width, spec.height)
+    multiple = spec.size_multiple
+    if width <= 0 or height <= 0 or width % multiple or height % multiple:
+        raise InvalidRequest(
+            f"width and height must be positive multiples of {multiple} for {spec.name}, got {width}x{height}",
+            param="size",
+        )
+    if max(width, height) > settings.max_side:
+        raise InvalidRequest(f"size {width}x{height} exceeds the limit of {settings.max_side} pixels a side",
+                             param="size")
+
+    fps = spec.fps if fps is None else fps
+    if not 1 <= fps <= 60:
+        raise InvalidRequest(f"fps must be between 1 and 60, got {fps}", param="fps")
+    if seconds is not None and num_frames is not None:
+        raise InvalidRequest("give seconds or num_frames, not both", param="num_frames")
+    if num_frames is not None:
+        if num_frames < 1 or num_frames % 4 != 1:
+            raise InvalidRequest(f"num_frames must be 4k+1 (e.g. 17, 33, 81), got {num_frames}",
+                                 param="num_frames")
+    elif seconds is not None:
+        if not 0 < seconds <= settings.max_seconds:
+            raise InvalidRequest(f"seconds must be greater than 0 and at most {settings.max_seconds:g}, "
+                                 f"got {seconds:g}", param="seconds")
+        num_frames = frames_for_seconds(seconds, fps)
+    else:
+        num_frames = spec.frames_per_chunk
+    if num_frames > settings.max_frames or (num_frames - 1) / fps > settings.max_seconds:
+        raise InvalidRequest(f"{num_frames} frames at {fps} fps exceeds the limit of {settings.max_frames} frames "
+                             f"or {settings.max_seconds:g} seconds", param="num_frames")
+
+    steps = spec.default_steps if steps is None else steps
+    if not 1 <= steps <= settings.max_steps:
+        raise InvalidRequest(f"steps must be between 1 and {settings.max_steps}, got {steps}",
+                             param="num_inference_steps")
+    guidance = spec.default_guidance if guidance is None else guidance
+    if not 0 <= guidance <= 30:
+        raise InvalidRequest(f"guidance must be between 0 and 30, got {guidance:g}", param="guidance_scale")
+    if seed is None:
+        seed = random.randrange(2**31)
+    elif not 0 <= seed < 2**63:
+        raise InvalidRequest(f"seed must be between 0 and 2^63-1, got {seed}", param="seed")
+
+    return GenerationRequest(
+        model=spec.name, prompt=prompt, negative_prompt=negative_prompt, image=image,
+        width=width, height=height, num_frames=num_frames, fps=fps, steps=steps,
+        guidance=guidance, seed=seed, options=dict(options or {}),
+    )
