@@ -1,0 +1,103 @@
+"""The `vidserve` command as a user runs it: real processes, real MP4s, exit codes."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vidserve.media import read_video
+
+FOX = ["generate", "a red fox in snow", "--size", "64x64", "--seconds", "2", "--fps", "16", "--steps", "4", "-q"]
+
+
+def vidserve(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "vidserve.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def generate(tmp_path, name, *args):
+    out = tmp_path / name
+    result = vidserve(*FOX, *args, "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(out)
+    return read_video(out)
+
+
+def test_generate_determinism_and_seed(tmp_path):
+    frames, fps = generate(tmp_path, "a.mp4", "--model", "wan-tiny", "--seed", "7")
+    assert frames.shape == (33, 64, 64, 3) and fps == 16
+    again, _ = generate(tmp_path, "b.mp4", "--model", "wan-tiny", "--seed", "7")
+    other, _ = generate(tmp_path, "c.mp4", "--model", "wan-tiny", "--seed", "8")
+    assert np.array_equal(frames, again)
+    assert not np.array_equal(frames, other)
+
+
+def test_generate_reports_timings(tmp_path):
+    result = vidserve(*FOX, "--model", "wan-tiny", "--seed", "1", "-o", str(tmp_path / "t.mp4"))
+    assert result.returncode == 0, result.stderr
+    for phase in ("load", "denoise", "decode", "encode"):
+        assert f"{phase} " in result.stderr
+
+
+def test_image_models(tmp_path):
+    image = tmp_path / "start.png"
+    Image.new("RGB", (96, 64), (200, 40, 40)).save(image)
+    i2v, _ = generate(tmp_path, "i2v.mp4", "--model", "wan-tiny-i2v", "--image", str(image), "--seed", "1")
+    ti2v_text, fps = generate(tmp_path, "ti2v.mp4", "--model", "wan-tiny-ti2v", "--seed", "1")
+    ti2v_image, _ = generate(tmp_path, "ti2v-img.mp4", "--model", "wan-tiny-ti2v", "--image", str(image),
+                             "--seed", "1")
+    assert i2v.shape == ti2v_text.shape == ti2v_image.shape == (33, 64, 64, 3)
+    assert fps == 16  # --fps given explicitly overrides the model's 24
+    assert not np.array_equal(ti2v_text, ti2v_image)
+
+
+def test_export_tiny_round_trip(tmp_path):
+    folder = tmp_path / "wan-tiny-export"
+    result = vidserve("export-tiny", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert (folder / "model_index.json").exists()
+    builtin, _ = generate(tmp_path, "builtin.mp4", "--model", "wan-tiny", "--seed", "3")
+    exported, _ = generate(tmp_path, "exported.mp4", "--model", str(folder), "--seed", "3")
+    assert np.array_equal(builtin, exported)
+
+
+def non_image_file(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("not an image")
+    return str(path)
+
+
+BAD_INPUTS = {
+    "missing image": lambda tmp: ["--model", "wan-tiny-i2v", "--image", str(tmp / "nope.png")],
+    "non-image file": lambda tmp: ["--model", "wan-tiny-i2v", "--image", non_image_file(tmp)],
+    "size not a multiple of 16": lambda tmp: ["--size", "60x64"],
+    "frames not 4k+1": lambda tmp: ["--frames", "30"],
+    "zero steps": lambda tmp: ["--steps", "0"],
+    "negative seconds": lambda tmp: ["--seconds", "-1"],
+    "too many seconds": lambda tmp: ["--seconds", "100000"],
+    "steps not a number": lambda tmp: ["--steps", "many"],
+    "unknown model": lambda tmp: ["--model", "no-such-model"],
+    "i2v without image": lambda tmp: ["--model", "wan-tiny-i2v"],
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_line(tmp_path, case):
+    out = tmp_path / "x.mp4"
+    # --frames and --seconds are exclusive, so the base command names neither.
+    result = vidserve("generate", "a red fox", "--size", "64x64", "-o", str(out), *BAD_INPUTS[case](tmp_path))
+    assert result.returncode == 2, (case, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vidserve: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_models_lists_the_registry():
+    result = vidserve("models")
+    assert result.returncode == 0
+    for name in ("wan-tiny", "wan-tiny-i2v", "wan-tiny-ti2v", "Wan2.1-T2V-1.3B", "Wan2.1-I2V-14B-720P",
+                 "Wan2.2-TI2V-5B", "Wan2.2-T2V-A14B", "Wan2.2-I2V-A14B"):
+        assert name in result.stdout

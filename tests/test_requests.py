@@ -1,0 +1,102 @@
+"""The request rules shared by the CLI and the API: frames, sizes, limits, defaults."""
+
+import pytest
+
+from vidserve.config import Settings
+from vidserve.errors import InvalidRequest, UnknownModel
+from vidserve.registry import MODELS, resolve
+from vidserve.requests import build_request, frames_for_seconds, parse_size
+
+SETTINGS = Settings()
+TINY = MODELS["wan-tiny"]
+
+
+@pytest.mark.parametrize("seconds, fps, frames", [(5, 16, 81), (2, 16, 33), (1, 16, 17), (0.1, 16, 5), (5, 24, 121),
+                                                  (2.5, 16, 41), (1.3, 10, 17)])
+def test_frames_for_seconds(seconds, fps, frames):
+    assert frames_for_seconds(seconds, fps) == frames
+    assert frames % 4 == 1
+
+
+def test_defaults_come_from_the_model():
+    req = build_request(TINY, SETTINGS, "a fox")
+    assert (req.width, req.height, req.fps, req.num_frames, req.steps) == (64, 64, 16, 33, 4)
+    assert 0 <= req.seed < 2**31
+
+
+def test_seconds_and_size_resolve():
+    req = build_request(TINY, SETTINGS, "a fox", size="128x64", seconds=2, fps=16, steps=3, seed=5)
+    assert (req.width, req.height, req.num_frames, req.steps, req.seed) == (128, 64, 33, 3, 5)
+    assert req.seconds == 2.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        (dict(size="60x64"), "size"),
+        (dict(size="64"), "size"),
+        (dict(size="0x64"), "size"),
+        (dict(size="4096x64"), "size"),
+        (dict(num_frames=30), "num_frames"),
+        (dict(num_frames=0), "num_frames"),
+        (dict(seconds=-1), "seconds"),
+        (dict(seconds=0), "seconds"),
+        (dict(seconds=10_000), "seconds"),
+        (dict(steps=0), "num_inference_steps"),
+        (dict(steps=1000), "num_inference_steps"),
+        (dict(fps=0), "fps"),
+        (dict(guidance=-1.0), "guidance_scale"),
+        (dict(seed=-3), "seed"),
+        (dict(seconds=2, num_frames=33), "num_frames"),
+    ],
+)
+def test_bad_values_name_the_field(kwargs, param):
+    with pytest.raises(InvalidRequest) as err:
+        build_request(TINY, SETTINGS, "a fox", **kwargs)
+    assert err.value.param == param
+    assert str(err.value)
+
+
+def test_empty_prompt_rejected():
+    with pytest.raises(InvalidRequest, match="prompt"):
+        build_request(TINY, SETTINGS, "   ")
+
+
+def test_image_rules_follow_the_model_kind():
+    with pytest.raises(InvalidRequest, match="image-to-video"):
+        build_request(MODELS["wan-tiny-i2v"], SETTINGS, "a fox")
+    with pytest.raises(InvalidRequest, match="takes no image"):
+        build_request(TINY, SETTINGS, "a fox", image=object())
+    build_request(MODELS["wan-tiny-ti2v"], SETTINGS, "a fox")  # text alone is fine for TI2V
+
+
+def test_wan22_sizes_follow_the_16x_vae():
+    spec = MODELS["Wan2.2-TI2V-5B"]
+    assert spec.size_multiple == 32
+    with pytest.raises(InvalidRequest, match="multiples of 32"):
+        build_request(spec, SETTINGS, "a fox", size="48x48")
+    assert spec.token_grid(121, 1280, 704) == (31, 22, 40)
+
+
+def test_token_grid_of_a_480p_clip():
+    assert MODELS["Wan2.1-T2V-1.3B"].token_grid(81, 832, 480) == (21, 30, 52)
+
+
+def test_limits_come_from_settings():
+    tight = Settings(max_seconds=1.0)
+    with pytest.raises(InvalidRequest, match="at most 1"):
+        build_request(TINY, tight, "a fox", seconds=2)
+    with pytest.raises(InvalidRequest, match="exceeds"):
+        build_request(TINY, tight, "a fox", num_frames=33)
+
+
+def test_parse_size():
+    assert parse_size("832x480") == (832, 480)
+    with pytest.raises(InvalidRequest):
+        parse_size("axb")
+
+
+def test_unknown_model_lists_known_ones():
+    with pytest.raises(UnknownModel) as err:
+        resolve("no-such-model")
+    assert "wan-tiny" in str(err.value) and err.value.code == "model_not_found"

@@ -1,0 +1,175 @@
+"""The video job: its record, its state machine, and the JobStore contract.
+
+Job state lives here, not in a queue's result backend. Every change to a job is a
+transition function applied through `JobStore.update`, which runs it atomically
+(read, apply, write) so two workers, or a worker and a cancel request, never race.
+
+    queued ──start──> in_progress ──complete──> completed
+      │                  │  ├──────fail──────> failed
+      │                  │  └──cancelled─────> cancelled
+      │                  └──lease lost──> queued again (or failed, attempts used up)
+      └──cancel──> cancelled
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from abc import ABC, abstractmethod
+from enum import Enum
+from typing import Any, Callable, Iterable
+
+from pydantic import BaseModel, Field
+
+
+class JobStatus(str, Enum):
+    queued = "queued"
+    in_progress = "in_progress"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.completed, JobStatus.failed, JobStatus.cancelled)
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class Job(BaseModel):
+    id: str = Field(default_factory=lambda: "video_" + secrets.token_hex(12))
+    model: str
+    prompt: str
+    status: JobStatus = JobStatus.queued
+    progress: int = 0  # 0-100, advanced per denoising step
+    created_at: float = Field(default_factory=time.time)
+    started_at: float | None = None
+    completed_at: float | None = None
+    # What to generate, as the API received it (seconds, size, num_frames, fps, seed, ...).
+    params: dict[str, Any] = Field(default_factory=dict)
+    input_image_key: str | None = None  # storage key of an uploaded first frame
+    outputs: dict[str, str] = Field(default_factory=dict)  # variant ("video", "thumbnail") -> storage key
+    error: JobError | None = None
+    attempts: int = 0
+    max_attempts: int = 2
+    worker_id: str | None = None
+    lease_expires_at: float | None = None  # a running job whose lease lapses has lost its worker
+    cancel_requested: bool = False
+    timings: dict[str, float] = Field(default_factory=dict)
+    idempotency_key: str | None = None
+    request_hash: str | None = None  # of the request body, to tell a retry from a reuse of the key
+    webhook_url: str | None = None
+    metadata: dict[str, str] | None = None
+    remixed_from_video_id: str | None = None
+
+
+class InvalidTransition(Exception):
+    """The job is not in a state that allows this change (e.g. completing a cancelled job)."""
+
+
+def _require(job: Job, *allowed: JobStatus) -> None:
+    if job.status not in allowed:
+        raise InvalidTransition(f"job {job.id} is {job.status.value}; expected {', '.join(s.value for s in allowed)}")
+
+
+# Transitions. Each mutates the job it is given and is applied through JobStore.update.
+
+
+def start(worker_id: str, lease_seconds: float) -> Callable[[Job], None]:
+    def apply(job: Job) -> None:
+        _require(job, JobStatus.queued)
+        now = time.time()
+        job.status, job.worker_id, job.attempts = JobStatus.in_progress, worker_id, job.attempts + 1
+        job.started_at, job.lease_expires_at, job.progress, job.error = now, now + lease_seconds, 0, None
+
+    return apply
+
+
+def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None) -> Callable[[Job], None]:
+    def apply(job: Job) -> None:
+        _require(job, JobStatus.in_progress)
+        if job.worker_id != worker_id:
+            raise InvalidTransition(f"job {job.id} is held by {job.worker_id}, not {worker_id}")
+        job.lease_expires_at = time.time() + lease_seconds
+        if progress is not None:
+            job.progress = max(job.progress, min(progress, 100))
+
+    return apply
+
+
+def complete(outputs: dict[str, str], timings: dict[str, float]) -> Callable[[Job], None]:
+    def apply(job: Job) -> None:
+        _require(job, JobStatus.in_progress)
+        job.status, job.progress, job.completed_at = JobStatus.completed, 100, time.time()
+        job.outputs, job.timings, job.lease_expires_at = dict(outputs), dict(timings), None
+
+    return apply
+
+
+def fail(code: str, message: str) -> Callable[[Job], None]:
+    def apply(job: Job) -> None:
+        _require(job, JobStatus.queued, JobStatus.in_progress)
+        job.status, job.completed_at, job.lease_expires_at = JobStatus.failed, time.time(), None
+        job.error = JobError(code=code, message=message)
+
+    return apply
+
+
+def request_cancel(job: Job) -> None:
+    """A queued job is cancelled at once; a running one at its next denoising step."""
+    if job.status.terminal:
+        return
+    job.cancel_requested = True
+    if job.status is JobStatus.queued:
+        job.status, job.completed_at = JobStatus.cancelled, time.time()
+
+
+def cancelled(job: Job) -> None:
+    _require(job, JobStatus.in_progress)
+    job.status, job.completed_at, job.lease_expires_at = JobStatus.cancelled, time.time(), None
+
+
+def recover(job: Job) -> None:
+    """A running job lost its worker: run it again, or fail it when its attempts are used up."""
+    _require(job, JobStatus.in_progress)
+    job.lease_expires_at, job.worker_id = None, None
+    if job.cancel_requested:
+        job.status, job.completed_at = JobStatus.cancelled, time.time()
+    elif job.attempts >= job.max_attempts:
+        job.status, job.completed_at = JobStatus.failed, time.time()
+        job.error = JobError(code="worker_lost",
+                             message=f"the worker died while running this job, {job.attempts} times")
+    else:
+        job.status, job.progress = JobStatus.queued, 0
+
+
+class JobStore(ABC):
+    """Where job records live. Implementations: SQLite (embedded), Redis (distributed)."""
+
+    @abstractmethod
+    def create(self, job: Job) -> tuple[Job, bool]:
+        """Insert `job`. With an idempotency key already taken, return (existing, False) instead."""
+
+    @abstractmethod
+    def get(self, job_id: str) -> Job | None: ...
+
+    @abstractmethod
+    def update(self, job_id: str, change: Callable[[Job], None]) -> Job:
+        """Atomically load, apply `change` (which may raise InvalidTransition), save. KeyError if missing."""
+
+    @abstractmethod
+    def delete(self, job_id: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[Job], bool]:
+        """A page of jobs by creation order, starting after the job `after`; and whether more follow."""
+
+    @abstractmethod
+    def with_status(self, statuses: Iterable[JobStatus]) -> list[Job]:
+        """All jobs in these states, oldest first (recovery, queue depth, metrics)."""
+
+    def close(self) -> None:
+        pass
