@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    overrides = {k: v for k in ("device", "dtype", "data_dir") if (v := getattr(args, k, None)) is not None}
+    overrides = {k: v for k in ("device", "dtype", "data_dir", "queue", "redis_url") if (v := getattr(args, k, None)) is not None}
     return get_settings().model_copy(update=overrides)
 
 
@@ -93,6 +93,38 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if args.api_key:
+        settings = settings.model_copy(update={"api_keys": ",".join(args.api_key)})
+    if not settings.keys and not _is_loopback(args.host) and not args.allow_unauthenticated:
+        raise VidserveError(f"refusing to serve {args.host} without API keys: pass --api-key KEY "
+                            "(or VIDSERVE_API_KEYS), or --allow-unauthenticated if a proxy in front does auth")
+    import uvicorn
+
+    from vidserve.api.app import create_app
+
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from vidserve.workers.celery_app import run_worker
+
+    return run_worker(_settings(args), args.model, metrics_port=args.metrics_port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Video/diffusion inference server for open Wan models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -115,6 +147,29 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", help="auto, float32, bfloat16, float16")
     gen.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     gen.set_defaults(func=cmd_generate)
+
+    serve = sub.add_parser("serve", help="run the HTTP API (embedded queue by default: no services needed)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--data-dir", type=Path, help="job database and outputs (env VIDSERVE_DATA_DIR)")
+    serve.add_argument("--queue", choices=["embedded", "celery"], help="embedded (default) or celery")
+    serve.add_argument("--redis-url", help="Redis for --queue celery (env VIDSERVE_REDIS_URL)")
+    serve.add_argument("--api-key", action="append", help="accept this Bearer key (repeatable)")
+    serve.add_argument("--allow-unauthenticated", action="store_true",
+                       help="serve a non-loopback address without API keys")
+    serve.add_argument("--device", help="auto, cpu, cuda, cuda:N (embedded queue)")
+    serve.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run one Celery worker (one GPU, one model) for --queue celery")
+    worker.add_argument("--model", required=True, help="the model this worker holds; it takes only its jobs")
+    worker.add_argument("--redis-url", help="broker and job store (env VIDSERVE_REDIS_URL)")
+    worker.add_argument("--data-dir", type=Path, help="shared outputs directory (env VIDSERVE_DATA_DIR)")
+    worker.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    worker.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
+    worker.set_defaults(func=cmd_worker)
 
     models = sub.add_parser("models", help="list the model registry")
     models.set_defaults(func=cmd_models)

@@ -23,6 +23,24 @@ class Settings(BaseSettings):
     max_side: int = Field(1280, gt=0, description="Largest width or height in pixels.")
     max_steps: int = Field(100, gt=0, description="Most denoising steps a request may ask for.")
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest conditioning image (width*height).")
+    max_upload_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest uploaded file.")
+    max_queued: int = Field(100, gt=0, description="Queued jobs past which new ones get 429.")
+
+    # Queue and crash safety.
+    queue: str = Field("embedded", pattern="^(embedded|celery)$", description="embedded (in-process) or celery.")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Broker and job store for --queue celery.")
+    lease_seconds: float = Field(30.0, gt=0, description="A running job whose worker is silent this long is lost.")
+    max_attempts: int = Field(2, ge=1, description="Runs a job gets before a worker crash fails it.")
+    visibility_timeout: int = Field(6 * 3600, gt=0, description="Redis redelivery timeout; longer than any job.")
+
+    # HTTP.
+    api_keys: str = Field("", description="Comma-separated keys for 'Authorization: Bearer'; empty: no auth.")
+    webhook_url: str | None = Field(None, description="Default webhook for jobs that name none.")
+    webhook_secret: str | None = Field(None, description="whsec_... signing secret; made and kept in data_dir if unset.")
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
 
 
 @lru_cache(maxsize=1)

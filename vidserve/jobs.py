@@ -171,5 +171,40 @@ class JobStore(ABC):
     def with_status(self, statuses: Iterable[JobStatus]) -> list[Job]:
         """All jobs in these states, oldest first (recovery, queue depth, metrics)."""
 
+    def count_by_status(self) -> dict[JobStatus, int]:
+        return {status: len(self.with_status([status])) for status in JobStatus}
+
     def close(self) -> None:
         pass
+
+
+def video_object(job: Job) -> dict[str, Any]:
+    """The job as OpenAI's Videos API shapes a video, plus our documented extensions."""
+    p = job.params
+    return {
+        "id": job.id,
+        "object": "video",
+        "model": job.model,
+        "status": job.status.value,
+        "progress": job.progress,
+        "created_at": int(job.created_at),
+        "completed_at": int(job.completed_at) if job.completed_at else None,
+        "expires_at": None,  # outputs are kept until the video is deleted
+        "prompt": job.prompt,
+        "seconds": p.get("seconds"),
+        "size": f"{p['width']}x{p['height']}" if "width" in p else None,
+        "remixed_from_video_id": job.remixed_from_video_id,
+        "error": job.error.model_dump() if job.error else None,
+        # Extensions: what exactly was generated, and how it went.
+        "negative_prompt": p.get("negative_prompt") or None,
+        "num_frames": p.get("num_frames"),
+        "fps": p.get("fps"),
+        "num_inference_steps": p.get("steps"),
+        "guidance_scale": p.get("guidance"),
+        "seed": p.get("seed"),
+        "has_input_reference": job.input_image_key is not None,
+        "started_at": int(job.started_at) if job.started_at else None,
+        "attempts": job.attempts,
+        "timings": job.timings or None,
+        "metadata": job.metadata,
+    }

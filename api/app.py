@@ -1,0 +1,34 @@
+"""The FastAPI app factory: `create_app(settings)` for the server, tests build their own."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from vidserve import __version__
+from vidserve.config import Settings, get_settings
+
+from . import errors
+from .routers import health, metrics, models, videos
+from .services import Services, build_services
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    services = services or build_services(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        services.start()
+        try:
+            yield
+        finally:
+            services.stop()
+
+    app = FastAPI(title="vidserve", version=__version__, lifespan=lifespan)
+    app.state.services = services
+    errors.install(app)
+    for router in (videos.router, models.router, health.router, metrics.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,20 @@
+"""/v1/models: what this server can run, OpenAI-shaped, with the serving facts beside."""
+
+from fastapi import APIRouter, Depends
+
+from vidserve.registry import MODELS
+
+from ..auth import require_api_key
+
+router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_api_key)])
+
+
+def _model(spec) -> dict:
+    return {"id": spec.name, "object": "model", "created": 0, "owned_by": "vidserve", "kind": spec.kind,
+            "size": f"{spec.width}x{spec.height}", "fps": spec.fps, "frames_per_chunk": spec.frames_per_chunk,
+            "source": spec.source, "description": spec.description}
+
+
+@router.get("")
+async def list_models():
+    return {"object": "list", "data": [_model(spec) for spec in MODELS.values()]}

@@ -1,0 +1,70 @@
+"""What the routers work with — settings, job store, storage, queue, metrics — built
+once per app and handed to routes as a dependency (tests build their own)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Protocol
+
+from fastapi import Request
+
+from vidserve.config import Settings
+from vidserve.jobs import Job, JobStore
+from vidserve.storage import LocalStorage, Storage
+from vidserve.telemetry import Metrics
+from vidserve.webhooks import WebhookSender, load_or_create_secret
+
+
+class JobQueue(Protocol):
+    def start(self) -> None: ...
+    def submit(self, job: Job) -> None: ...
+    def stop(self) -> None: ...
+    @property
+    def alive(self) -> bool: ...
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: JobStore
+    storage: Storage
+    queue: JobQueue
+    metrics: Metrics
+    webhooks: WebhookSender
+
+    def start(self) -> None:
+        self.queue.start()
+
+    def stop(self) -> None:
+        self.queue.stop()
+        self.webhooks.close(timeout=5)
+        self.store.close()
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services
+
+
+def build_services(settings: Settings) -> Services:
+    """Embedded: SQLite store and an in-process worker. Celery: Redis store, remote workers."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    storage = LocalStorage(settings.data_dir / "files")
+    metrics = Metrics()
+    webhooks = WebhookSender(load_or_create_secret(settings))
+    if settings.queue == "celery":
+        from vidserve.jobstore_redis import RedisJobStore
+        from vidserve.workers.celery_app import CeleryQueue
+
+        store = RedisJobStore(settings.redis_url)
+        queue = CeleryQueue(settings, store)
+    else:
+        from vidserve.jobstore_sqlite import SQLiteJobStore
+        from vidserve.workers.embedded import EmbeddedQueue
+        from vidserve.workers.runner import JobRunner
+
+        store = SQLiteJobStore(settings.data_dir / "jobs.sqlite")
+        runner = JobRunner(settings, store, storage, metrics, webhooks, worker_id=f"embedded-{secrets.token_hex(4)}")
+        queue = EmbeddedQueue(store, runner)
+    metrics.watch(store)
+    return Services(settings, store, storage, queue, metrics, webhooks)

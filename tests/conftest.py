@@ -1,0 +1,57 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from typing import Iterator
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pongs(port: int) -> bool:
+    """Whether a Redis server answers PING on this port (raw protocol, so no client library is needed)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A throwaway redis-server on loopback for the whole session, without persistence."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not on PATH (apt-get install redis-server)")
+    port, workdir = _free_port(), tmp_path_factory.mktemp("redis")
+    log = workdir / "redis.log"  # a file, not a pipe nobody drains
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(workdir)],
+            cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 10
+        while not _pongs(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"redis-server did not come up on port {port}:\n{log.read_text(errors='replace')}")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

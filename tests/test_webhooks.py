@@ -1,0 +1,236 @@
+"""vidserve.webhooks: Standard Webhooks signing, and delivery to real local HTTP receivers."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from vidserve.webhooks import WebhookSender, generate_secret, sign, verify
+
+SECRET = "whsec_" + base64.b64encode(b"0123456789abcdefghijklmn").decode()
+VIDEO = {"id": "video_abc", "object": "video", "status": "completed"}
+
+
+def signed_headers(secret: str, body: bytes, msg_id: str = "msg_1", timestamp: int | None = None) -> dict:
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(secret, msg_id, timestamp, body),
+    }
+
+
+def test_sign_matches_hand_computed_hmac():
+    body = b'{"type":"video.completed"}'
+    digest = hmac.new(b"0123456789abcdefghijklmn", b"msg_1.1700000000." + body, hashlib.sha256).digest()
+    assert sign(SECRET, "msg_1", 1700000000, body) == "v1," + base64.b64encode(digest).decode()
+
+
+def test_sign_matches_published_standard_webhooks_vector():
+    # The test vector shared by the Standard Webhooks reference libraries.
+    sig = sign("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b'{"test": 2432232314}')
+    assert sig == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_generate_secret_is_whsec_with_24_random_bytes():
+    a, b = generate_secret(), generate_secret()
+    assert a.startswith("whsec_") and a != b
+    assert len(base64.b64decode(a.removeprefix("whsec_"))) == 24
+
+
+def test_verify_accepts_valid_and_rejects_tampering_wrong_secret_and_stale():
+    body = b'{"id":"evt_1"}'
+    headers = signed_headers(SECRET, body)
+    assert verify(SECRET, headers, body)
+    assert verify(SECRET, {k.upper(): v for k, v in headers.items()}, body)  # names are case-insensitive
+    assert not verify(SECRET, headers, b'{"id":"evt_2"}')
+    assert not verify(generate_secret(), headers, body)
+    assert not verify(SECRET, signed_headers(SECRET, body, timestamp=int(time.time()) - 301), body)
+    assert not verify(SECRET, signed_headers(SECRET, body, timestamp=int(time.time()) + 301), body)
+    assert not verify(SECRET, {}, body)
+
+
+def test_verify_accepts_any_matching_signature_in_a_list():
+    body = b"{}"
+    headers = signed_headers(SECRET, body)
+    other = signed_headers(generate_secret(), body, timestamp=int(headers["webhook-timestamp"]))
+    headers["webhook-signature"] = f"{other['webhook-signature']} v2,bogus {headers['webhook-signature']}"
+    assert verify(SECRET, headers, body)
+
+
+def test_bad_secret_is_rejected():
+    with pytest.raises(ValueError):
+        sign("not-a-secret", "msg_1", 1, b"")
+    with pytest.raises(ValueError):
+        WebhookSender("whsec_***")
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch):
+    # httpx honours proxy variables; keep test traffic on the local receivers.
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+class Receiver:
+    """A real HTTP server on 127.0.0.1 that answers with scripted statuses, then `default`."""
+
+    def __init__(self, statuses=(), default=200, delay_s=0.0):
+        self.statuses = list(statuses)
+        self.requests: list[tuple[dict, bytes]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["content-length"]))
+                receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                time.sleep(delay_s)
+                self.send_response(receiver.statuses.pop(0) if receiver.statuses else default)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks"
+        # A short poll interval keeps shutdown() from costing half a second per test.
+        threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(**kwargs):
+        made.append(Receiver(**kwargs))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.005)
+
+
+def test_retries_503_with_same_id_and_body_then_delivers(receiver):
+    r = receiver(statuses=[503, 503])
+    sender = WebhookSender(SECRET, base_delay_s=0.01)
+    sender.send(r.url, "video.completed", VIDEO)
+    sender.close(timeout=5)
+
+    assert len(r.requests) == 3
+    assert (sender.delivered, sender.failed) == (1, 0)
+    assert all(verify(SECRET, headers, body) for headers, body in r.requests)
+    assert len({headers["webhook-id"] for headers, _ in r.requests}) == 1
+    assert len({body for _, body in r.requests}) == 1
+
+    headers, body = r.requests[-1]
+    event = json.loads(body)
+    assert event["id"] == headers["webhook-id"] and event["id"].startswith("evt_")
+    assert event["object"] == "event" and event["type"] == "video.completed"
+    assert isinstance(event["created_at"], int) and event["data"] == VIDEO
+    assert headers["content-type"] == "application/json"
+
+
+def test_400_is_not_retried(receiver, caplog):
+    r = receiver(default=400)
+    sender = WebhookSender(SECRET, base_delay_s=0.01)
+    with caplog.at_level(logging.WARNING, logger="vidserve.webhooks"):
+        sender.send(r.url, "video.failed", VIDEO)
+        sender.close(timeout=5)
+    assert len(r.requests) == 1
+    assert (sender.delivered, sender.failed) == (0, 1)
+    assert "giving up after 1 attempt" in caplog.text
+
+
+def test_connection_errors_are_retried_then_given_up(caplog):
+    with socket.socket() as s:  # a port that was free a moment ago: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sender = WebhookSender(SECRET, max_attempts=3, base_delay_s=0.01)
+    with caplog.at_level(logging.WARNING, logger="vidserve.webhooks"):
+        sender.send(f"http://127.0.0.1:{port}/", "video.cancelled", VIDEO)
+        sender.close(timeout=5)
+    assert (sender.delivered, sender.failed) == (0, 1)
+    assert caplog.text.count("retrying in") == 2
+    assert "giving up after 3 attempt" in caplog.text
+
+
+def test_send_returns_immediately_while_receiver_is_slow(receiver):
+    r = receiver(delay_s=1.0)
+    sender = WebhookSender(SECRET, base_delay_s=0.01)
+    for _ in range(2):  # the second send happens while the first delivery is in flight
+        start = time.perf_counter()
+        sender.send(r.url, "video.completed", VIDEO)
+        assert time.perf_counter() - start < 0.05
+        wait_for(lambda: r.requests)
+    sender.close(timeout=5)
+    assert sender.delivered == 2
+
+
+def test_retry_backoff_does_not_hold_up_other_events(receiver):
+    flaky, ok = receiver(default=503), receiver()
+    sender = WebhookSender(SECRET, max_attempts=2, base_delay_s=0.5)
+    sender.send(flaky.url, "video.failed", VIDEO)
+    wait_for(lambda: flaky.requests)
+    sender.send(ok.url, "video.completed", VIDEO)
+    wait_for(lambda: sender.delivered == 1, timeout=0.2)  # well before the flaky retry is due
+    assert len(flaky.requests) == 1
+    sender.close(timeout=5)
+    assert (len(flaky.requests), sender.delivered, sender.failed) == (2, 1, 1)
+
+
+def test_close_drains_queued_events(receiver):
+    r = receiver()
+    sender = WebhookSender(SECRET)
+    for _ in range(5):
+        sender.send(r.url, "video.completed", VIDEO)
+    sender.close(timeout=5)
+    assert len(r.requests) == 5 and sender.delivered == 5
+    with pytest.raises(RuntimeError):
+        sender.send(r.url, "video.completed", VIDEO)
+
+
+def test_close_drops_retries_due_after_the_deadline(receiver):
+    r = receiver(default=503)
+    sender = WebhookSender(SECRET, base_delay_s=30)
+    sender.send(r.url, "video.completed", VIDEO)
+    wait_for(lambda: r.requests)
+    start = time.monotonic()
+    sender.close(timeout=2)
+    assert time.monotonic() - start < 1  # gives up at once rather than waiting out the timeout
+    assert (sender.delivered, sender.failed) == (0, 1)
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/x", "file:///etc/passwd", "example.com/hook", "http:///nohost"])
+def test_send_rejects_non_http_urls(url):
+    sender = WebhookSender(SECRET)
+    with pytest.raises(ValueError):
+        sender.send(url, "video.completed", VIDEO)
+    sender.close(timeout=1)
+
+
+def test_send_rejects_unknown_event_types():
+    sender = WebhookSender(SECRET)
+    with pytest.raises(ValueError):
+        sender.send("http://127.0.0.1:9/", "video.exploded", VIDEO)
+    sender.close(timeout=1)

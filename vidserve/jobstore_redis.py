@@ -1,0 +1,144 @@
+"""JobStore on Redis: the distributed store, for workers on several machines.
+
+Keys, under `prefix`:
+    {prefix}:job:{id}          the job's JSON
+    {prefix}:jobs              sorted set of ids scored by creation sequence (for list)
+    {prefix}:seq               counter that hands out those sequence numbers
+    {prefix}:status:{status}   set of the ids in each status (for with_status)
+    {prefix}:idem:{key}        idempotency key -> job id
+Every write keeps all of these in step atomically: create and delete in one script or
+MULTI, update through WATCH/MULTI/EXEC so a concurrent change forces a retry.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import redis
+
+from .jobs import Job, JobStatus, JobStore
+
+# Runs atomically on the server: no other create can come between the idempotency check and
+# the insert (the key's GET, then SET, is a SET NX), and a job gets its sequence number in the
+# same step that makes it visible, so listing never skips a job committed late.
+# KEYS: job, jobs, seq, status set, [idem]. ARGV: id, json, job-key prefix.
+_CREATE = """
+if KEYS[5] then
+    local existing = redis.call('GET', KEYS[5])
+    if existing then return {0, redis.call('GET', ARGV[3] .. existing)} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {2} end
+if KEYS[5] then redis.call('SET', KEYS[5], ARGV[1]) end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[3]), ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[1])
+return {1}
+"""
+
+
+class RedisJobStore(JobStore):
+    def __init__(self, url: str, prefix: str = "vidserve"):
+        self.url, self.prefix = url, prefix
+        self._redis = redis.Redis.from_url(url, decode_responses=True)
+        self._create = self._redis.register_script(_CREATE)
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def _status_key(self, status: JobStatus) -> str:
+        return self._key("status", JobStatus(status).value)
+
+    def create(self, job: Job) -> tuple[Job, bool]:
+        keys = [self._key("job", job.id), self._key("jobs"), self._key("seq"), self._status_key(job.status)]
+        if job.idempotency_key is not None:
+            keys.append(self._key("idem", job.idempotency_key))
+        outcome = self._create(keys=keys, args=[job.id, job.model_dump_json(), self._key("job", "")])
+        if outcome[0] == 1:
+            return job, True
+        if outcome[0] == 0:
+            return Job.model_validate_json(outcome[1]), False
+        raise ValueError(f"job {job.id} already exists")
+
+    def get(self, job_id: str) -> Job | None:
+        raw = self._redis.get(self._key("job", job_id))
+        return Job.model_validate_json(raw) if raw else None
+
+    def update(self, job_id: str, change: Callable[[Job], None]) -> Job:
+        key = self._key("job", job_id)
+
+        def attempt(pipe: redis.client.Pipeline) -> Job:
+            # Runs under WATCH: if the job changes before EXEC, redis-py runs this again on
+            # the fresh record. If `change` raises, nothing has been queued, so nothing is written.
+            raw = pipe.get(key)
+            if raw is None:
+                raise KeyError(job_id)
+            job = Job.model_validate_json(raw)
+            before = job.status
+            change(job)
+            pipe.multi()
+            pipe.set(key, job.model_dump_json())
+            if job.status != before:
+                pipe.smove(self._status_key(before), self._status_key(job.status), job_id)
+            return job
+
+        return self._redis.transaction(attempt, key, value_from_callable=True)
+
+    def delete(self, job_id: str) -> bool:
+        key = self._key("job", job_id)
+
+        def attempt(pipe: redis.client.Pipeline) -> bool:
+            raw = pipe.get(key)
+            if raw is None:
+                return False
+            job = Job.model_validate_json(raw)
+            pipe.multi()
+            pipe.delete(key)
+            pipe.zrem(self._key("jobs"), job_id)
+            pipe.srem(self._status_key(job.status), job_id)
+            if job.idempotency_key is not None:
+                # A stored job always owns its key (create refuses a taken one), so free it.
+                pipe.delete(self._key("idem", job.idempotency_key))
+            return True
+
+        return self._redis.transaction(attempt, key, value_from_callable=True)
+
+    def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[Job], bool]:
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        desc = order == "desc"
+        start = "+inf" if desc else "-inf"
+        if after is not None:
+            seq = self._redis.zscore(self._key("jobs"), after)
+            if seq is None:
+                raise KeyError(after)
+            start = f"({int(seq)}"  # "(" excludes the `after` job itself
+        ids = self._redis.zrange(self._key("jobs"), start, "-inf" if desc else "+inf",
+                                 desc=desc, byscore=True, offset=0, num=limit + 1)
+        return self._load(ids[:limit]), len(ids) > limit
+
+    def with_status(self, statuses: Iterable[JobStatus]) -> list[Job]:
+        keys = [self._status_key(s) for s in statuses]
+        ids = list(self._redis.sunion(keys)) if keys else []
+        if not ids:
+            return []
+        seqs = self._redis.zmscore(self._key("jobs"), ids)
+        live = sorted((seq, i) for seq, i in zip(seqs, ids) if seq is not None)  # None: deleted meanwhile
+        return self._load([i for _, i in live])
+
+    def count_by_status(self) -> dict[JobStatus, int]:  # without loading every job, as the default would
+        with self._redis.pipeline(transaction=True) as pipe:
+            for status in JobStatus:
+                pipe.scard(self._status_key(status))
+            return dict(zip(JobStatus, pipe.execute()))
+
+    def _load(self, ids: list[str]) -> list[Job]:
+        """The jobs with these ids, in this order; one deleted since the ids were read is left out."""
+        if not ids:
+            return []
+        raws = self._redis.mget([self._key("job", i) for i in ids])
+        return [Job.model_validate_json(raw) for raw in raws if raw]
+
+    def close(self) -> None:
+        self._redis.close()

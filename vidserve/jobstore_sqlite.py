@@ -1,0 +1,132 @@
+"""JobStore on an SQLite file: the embedded store for a single machine.
+
+Several processes (API server, workers) may open the same file. WAL lets readers run
+beside one writer, `busy_timeout` makes a writer wait for the lock instead of failing,
+and every write runs under BEGIN IMMEDIATE, so a read-modify-write never interleaves
+with another process's. Open one store per process (after any fork).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from .jobs import Job, JobStatus, JobStore
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS jobs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- creation order, never reused after a delete
+        id TEXT NOT NULL UNIQUE,
+        status TEXT NOT NULL,
+        idempotency_key TEXT UNIQUE,            -- NULLs do not collide
+        created_at REAL NOT NULL,
+        data TEXT NOT NULL                      -- Job.model_dump_json()
+    )""",
+    "CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq)",
+)
+
+
+class SQLiteJobStore(JobStore):
+    def __init__(self, path: str | Path, busy_timeout_ms: int = 30_000):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # One connection shared by this process's threads, serialised by the lock; job
+        # traffic is light, and one connection keeps close() simple. isolation_level=None
+        # leaves transactions to the explicit BEGINs below.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()
+        self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")  # first, so the rest can wait too
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")  # safe with WAL; a power cut may lose the last commit
+        with self._transaction("IMMEDIATE") as db:
+            for statement in _SCHEMA:
+                db.execute(statement)
+
+    @contextmanager
+    def _transaction(self, kind: str = "DEFERRED") -> Iterator[sqlite3.Connection]:
+        """IMMEDIATE takes the write lock up front; DEFERRED gives reads one consistent snapshot."""
+        with self._lock:
+            self._db.execute(f"BEGIN {kind}")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def create(self, job: Job) -> tuple[Job, bool]:
+        with self._transaction("IMMEDIATE") as db:
+            # The UNIQUE constraints decide: OR IGNORE skips the row on a taken idempotency key
+            # (or id), and the write lock keeps the lookup below consistent with that decision.
+            inserted = db.execute(
+                "INSERT OR IGNORE INTO jobs (id, status, idempotency_key, created_at, data) VALUES (?, ?, ?, ?, ?)",
+                (job.id, job.status.value, job.idempotency_key, job.created_at, job.model_dump_json()),
+            ).rowcount
+            if inserted:
+                return job, True
+            if job.idempotency_key is not None:
+                row = db.execute("SELECT data FROM jobs WHERE idempotency_key = ?", (job.idempotency_key,)).fetchone()
+                if row:
+                    return Job.model_validate_json(row[0]), False
+            raise ValueError(f"job {job.id} already exists")
+
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            row = self._db.execute("SELECT data FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return Job.model_validate_json(row[0]) if row else None
+
+    def update(self, job_id: str, change: Callable[[Job], None]) -> Job:
+        with self._transaction("IMMEDIATE") as db:  # an exception from `change` rolls back
+            row = db.execute("SELECT data FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise KeyError(job_id)
+            job = Job.model_validate_json(row[0])
+            change(job)
+            db.execute("UPDATE jobs SET status = ?, data = ? WHERE id = ?",
+                       (job.status.value, job.model_dump_json(), job_id))
+            return job
+
+    def delete(self, job_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
+
+    def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[Job], bool]:
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        cmp, direction = ("<", "DESC") if order == "desc" else (">", "ASC")
+        with self._transaction() as db:
+            cursor = None
+            if after is not None:
+                row = db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                if row is None:
+                    raise KeyError(after)
+                cursor = row[0]
+            rows = db.execute(
+                f"SELECT data FROM jobs WHERE ? IS NULL OR seq {cmp} ? ORDER BY seq {direction} LIMIT ?",
+                (cursor, cursor, limit + 1),  # one extra row tells whether more follow
+            ).fetchall()
+        return [Job.model_validate_json(data) for (data,) in rows[:limit]], len(rows) > limit
+
+    def with_status(self, statuses: Iterable[JobStatus]) -> list[Job]:
+        values = [JobStatus(s).value for s in statuses]
+        if not values:
+            return []
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT data FROM jobs WHERE status IN ({', '.join('?' * len(values))}) ORDER BY seq", values
+            ).fetchall()
+        return [Job.model_validate_json(data) for (data,) in rows]
+
+    def count_by_status(self) -> dict[JobStatus, int]:  # without loading every job, as the default would
+        with self._lock:
+            counts = dict(self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
+        return {status: counts.get(status.value, 0) for status in JobStatus}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,140 @@
+"""Celery + Redis: the distributed queue. The API enqueues, one worker per GPU runs.
+
+Settings for long GPU jobs: acks_late + reject_on_worker_lost (a message is only done
+when the job is), prefetch 1 and the solo pool (one job at a time, in the process that
+holds the model), and a visibility timeout longer than any job. Each model has its own
+queue, so a worker only takes jobs for the model it holds. Redelivery alone can't
+recover a job whose worker was killed (its message stays unacked for the whole
+visibility timeout), so a lease reaper — in the API and in every worker — re-enqueues
+running jobs whose worker went silent; the runner's atomic claim keeps a job from
+running twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from celery import Celery
+
+from vidserve.config import Settings
+from vidserve.jobs import Job, JobStatus, JobStore
+from vidserve.registry import resolve
+from vidserve.storage import LocalStorage
+from vidserve.telemetry import Metrics
+from vidserve.webhooks import WebhookSender, load_or_create_secret
+
+from .runner import JobRunner, recover_lost_jobs
+
+log = logging.getLogger("vidserve.celery")
+
+TASK = "vidserve.run_video_job"
+
+
+def queue_name(model: str) -> str:
+    return f"vidserve.{model}"
+
+
+def enqueue(app: Celery, job: Job) -> None:
+    app.send_task(TASK, args=[job.id], queue=queue_name(job.model))
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("vidserve", broker=settings.redis_url)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        task_ignore_result=True,  # job state lives in the JobStore
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_connection_retry_on_startup=True,
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+class LeaseReaper:
+    """Every third of a lease, re-enqueue running jobs whose worker stopped renewing."""
+
+    def __init__(self, store: JobStore, submit, lease_seconds: float):
+        self.store, self.submit, self.interval = store, submit, lease_seconds / 3
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="vidserve-lease-reaper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                for job in recover_lost_jobs(self.store):
+                    log.warning("job %s lost its worker (attempt %d): %s", job.id, job.attempts, job.status.value)
+                    if job.status is JobStatus.queued:
+                        self.submit(job)
+            except Exception:  # Redis away for a moment: try again next round
+                log.warning("lease check failed", exc_info=True)
+
+
+class CeleryQueue:
+    """The API side: enqueue jobs on their model's queue; watch for lost ones."""
+
+    def __init__(self, settings: Settings, store: JobStore):
+        self.app = make_celery(settings)
+        self.reaper = LeaseReaper(store, self.submit, settings.lease_seconds)
+
+    def start(self) -> None:
+        self.reaper.start()
+
+    def submit(self, job: Job) -> None:
+        enqueue(self.app, job)
+
+    @property
+    def alive(self) -> bool:
+        return self.reaper.alive
+
+    def stop(self) -> None:
+        self.reaper.stop()
+
+
+def run_worker(settings: Settings, model: str, metrics_port: int | None = None) -> int:
+    """One worker process: load the model, then take its jobs one at a time."""
+    from vidserve.jobstore_redis import RedisJobStore
+    from vidserve.pipelines.video import get_pipeline
+
+    spec = resolve(model)
+    store = RedisJobStore(settings.redis_url)
+    metrics = Metrics()
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    runner = JobRunner(settings, store, LocalStorage(settings.data_dir / "files"), metrics,
+                       WebhookSender(load_or_create_secret(settings)))
+    get_pipeline(spec, settings.device, settings.dtype)  # resident before the first job arrives
+
+    app = make_celery(settings)
+
+    @app.task(name=TASK)
+    def run_video_job(job_id: str) -> None:
+        runner.run(job_id)
+
+    reaper = LeaseReaper(store, lambda job: enqueue(app, job), settings.lease_seconds)
+    reaper.start()
+    try:
+        app.worker_main(["worker", "--pool=solo", "--concurrency=1", f"--queues={queue_name(spec.name)}",
+                         f"--hostname=vidserve-{runner.worker_id}", "--loglevel=INFO", "--without-gossip",
+                         "--without-mingle"])
+    finally:
+        reaper.stop()
+        runner.webhooks.close(timeout=5)
+    return 0

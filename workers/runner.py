@@ -1,0 +1,175 @@
+"""Runs one video job end to end: claim it, generate with per-step progress and
+cancellation, encode, store the outputs, record the outcome, announce it.
+
+The same runner serves the embedded queue and Celery workers. It claims a job through
+an atomic JobStore transition, so a job delivered twice still runs once, and it keeps a
+lease alive while it works, so a job whose worker dies is noticed and run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from vidserve import jobs
+from vidserve.config import Settings
+from vidserve.errors import JobCancelled
+from vidserve.jobs import InvalidTransition, Job, JobStatus, JobStore
+from vidserve.media import encode_mp4, load_image, save_thumbnail
+from vidserve.registry import resolve
+from vidserve.requests import GenerationRequest
+from vidserve.storage import Storage
+from vidserve.telemetry import Metrics
+from vidserve.webhooks import WebhookSender
+
+log = logging.getLogger("vidserve.runner")
+
+# Denoising is nearly all of a job; decoding and encoding take the last few percent.
+DENOISE_SHARE = 95
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class JobRunner:
+    def __init__(self, settings: Settings, store: JobStore, storage: Storage, metrics: Metrics | None = None,
+                 webhooks: WebhookSender | None = None, worker_id: str | None = None):
+        self.settings = settings
+        self.store = store
+        self.storage = storage
+        self.metrics = metrics or Metrics()
+        self.webhooks = webhooks
+        self.worker_id = worker_id or default_worker_id()
+
+    def run(self, job_id: str) -> Job | None:
+        """Run the job if it is still queued; return its final record (None if not ours to run)."""
+        try:
+            job = self.store.update(job_id, jobs.start(self.worker_id, self.settings.lease_seconds))
+        except (KeyError, InvalidTransition):
+            return None  # deleted, cancelled, or already taken by another delivery
+        self.metrics.queue_wait.labels(job.model).observe(job.started_at - job.created_at)
+        stop_heartbeat = self._keep_lease(job_id)
+        try:
+            job = self._generate(job)
+        finally:
+            stop_heartbeat.set()
+        if job is not None:
+            self.metrics.run_time.labels(job.model, job.status.value).observe(time.time() - job.started_at)
+            self._announce(job)
+        return job
+
+    def _generate(self, job: Job) -> Job | None:
+        try:
+            spec = resolve(job.model)
+            request = self._request_for(job)
+            from vidserve.pipelines.video import get_pipeline  # torch stays out of processes that never run jobs
+
+            pipeline = get_pipeline(spec, self.settings.device, self.settings.dtype)
+            result = pipeline.generate(request, on_step=self._on_step(job))
+            outputs = self._store_outputs(job, result.frames, request.fps)
+            timings = {"load": pipeline.load_seconds, **result.timings}
+            return self.store.update(job.id, jobs.complete(outputs, timings))
+        except (JobCancelled, KeyError, InvalidTransition) as exc:
+            return self._end_cancelled(job, exc)
+        except Exception as exc:  # a bad job must fail alone, never take the worker down
+            log.exception("job %s failed", job.id)
+            return self._update_quietly(job.id, jobs.fail("generation_failed", f"{type(exc).__name__}: {exc}"))
+
+    def _request_for(self, job: Job) -> GenerationRequest:
+        p = job.params
+        image = None
+        if job.input_image_key:
+            image = load_image(self.storage.path(job.input_image_key), self.settings.max_image_pixels)
+        return GenerationRequest(
+            model=job.model, prompt=job.prompt, negative_prompt=p.get("negative_prompt", ""), image=image,
+            width=p["width"], height=p["height"], num_frames=p["num_frames"], fps=p["fps"], steps=p["steps"],
+            guidance=p["guidance"], seed=p["seed"], options=p.get("options", {}),
+        )
+
+    def _on_step(self, job: Job):
+        last = [time.perf_counter()]
+
+        def on_step(done: int, total: int) -> None:
+            now = time.perf_counter()
+            self.metrics.step_time.labels(job.model).observe(now - last[0])
+            last[0] = now
+            progress = DENOISE_SHARE * done // total
+            # KeyError (deleted) and InvalidTransition (lease lost) end the run like a cancel.
+            current = self.store.update(job.id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress))
+            if current.cancel_requested:
+                raise JobCancelled()
+
+        return on_step
+
+    def _store_outputs(self, job: Job, frames, fps: int) -> dict[str, str]:
+        with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
+            video = encode_mp4(frames, Path(tmp) / "video.mp4", fps=fps)
+            thumb = save_thumbnail(frames, Path(tmp) / "thumbnail.webp")
+            return {
+                "video": self.storage.put_file(f"{job.id}/video.mp4", video),
+                "thumbnail": self.storage.put_file(f"{job.id}/thumbnail.webp", thumb),
+            }
+
+    def _end_cancelled(self, job: Job, reason: Exception) -> Job | None:
+        current = self._update_quietly(job.id, jobs.cancelled)
+        if current is None or current.status is not JobStatus.cancelled:
+            log.info("job %s stopped: %s", job.id, type(reason).__name__)
+        if self.store.get(job.id) is None:
+            self.storage.delete_prefix(f"{job.id}/")  # deleted while running: leave nothing behind
+        return current
+
+    def _update_quietly(self, job_id: str, change) -> Job | None:
+        try:
+            return self.store.update(job_id, change)
+        except (KeyError, InvalidTransition):
+            return self.store.get(job_id)
+
+    def _keep_lease(self, job_id: str) -> threading.Event:
+        """Renew the lease between steps too, so one slow step never looks like a dead worker."""
+        stop = threading.Event()
+        interval = self.settings.lease_seconds / 3
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    self.store.update(job_id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds))
+                except (KeyError, InvalidTransition):
+                    return
+                except Exception:  # a store hiccup: the next beat tries again
+                    log.warning("heartbeat for %s failed", job_id, exc_info=True)
+
+        threading.Thread(target=beat, name=f"lease-{job_id}", daemon=True).start()
+        return stop
+
+    def _announce(self, job: Job) -> None:
+        url = job.webhook_url or self.settings.webhook_url
+        if self.webhooks is not None and url and job.status.terminal:
+            self.webhooks.send(url, f"video.{job.status.value}", jobs.video_object(job))
+
+
+def recover_lost_jobs(store: JobStore, now: float | None = None) -> list[Job]:
+    """Running jobs whose lease lapsed lost their worker: queue them again (or fail them)."""
+    now = time.time() if now is None else now
+    recovered = []
+    for job in store.with_status([JobStatus.in_progress]):
+        if job.lease_expires_at is not None and job.lease_expires_at < now:
+            try:
+                recovered.append(store.update(job.id, _recover_if_expired(now)))
+            except (KeyError, InvalidTransition):
+                continue  # it finished, or its worker renewed the lease, meanwhile
+    return recovered
+
+
+def _recover_if_expired(now: float):
+    def apply(job: Job) -> None:
+        if job.status is not JobStatus.in_progress or (job.lease_expires_at or now) >= now:
+            raise InvalidTransition(f"job {job.id} is not a lost job")
+        jobs.recover(job)
+
+    return apply
