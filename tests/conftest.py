@@ -55,3 +55,54 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# --- vidserve servers, one per backend, shared by the contract tests of a module -----------
+
+from servers import Server, Worker  # noqa: E402
+
+# Short leases so a killed worker's job is noticed in seconds, not half a minute.
+FAST_LEASE = {"VIDSERVE_LEASE_SECONDS": "2"}
+
+
+class Backend:
+    """A running API (and its workers) the tests talk to over HTTP."""
+
+    def __init__(self, name: str, server: Server, data_dir, workers=()):
+        self.name, self.server, self.url, self.data_dir, self.workers = name, server, server.url, data_dir, workers
+
+
+def _embedded(tmp_path_factory) -> Iterator[Backend]:
+    data = tmp_path_factory.mktemp("embedded") / "data"
+    server = Server(data, env=FAST_LEASE).start()
+    try:
+        yield Backend("embedded", server, data)
+    finally:
+        server.stop()
+
+
+_redis_dbs = iter(range(1, 16))
+
+
+def _celery(tmp_path_factory, redis_url: str, workers: int = 1) -> Iterator[Backend]:
+    data = tmp_path_factory.mktemp("celery") / "data"
+    env = {**FAST_LEASE, "VIDSERVE_REDIS_URL": redis_url.rsplit("/", 1)[0] + f"/{next(_redis_dbs)}"}
+    server = Server(data, env=env, extra=["--queue", "celery"]).start()
+    started = []
+    try:
+        for i in range(workers):
+            started.append(Worker(data, "wan-tiny", env, f"{server.port}-{i}").start())
+        yield Backend("celery", server, data, started)
+    finally:
+        for worker in started:
+            worker.stop()
+        server.stop()
+
+
+@pytest.fixture(scope="module", params=["embedded", "celery"])
+def backend(request, tmp_path_factory) -> Iterator[Backend]:
+    """The same API contract, on the embedded queue and on Celery + Redis."""
+    if request.param == "embedded":
+        yield from _embedded(tmp_path_factory)
+    else:
+        yield from _celery(tmp_path_factory, request.getfixturevalue("redis_url"))

@@ -1,0 +1,201 @@
+"""The Videos API contract, run against both queue backends (embedded, Celery + Redis)
+through real server processes on loopback, with the official OpenAI SDK where it applies."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from vidserve.media import read_video
+from vidserve.webhooks import verify
+
+# The SDK marks its videos methods deprecated (OpenAI's own service); they still speak the API.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SMALL = {"model": "wan-tiny", "size": "64x64"}
+
+
+@pytest.fixture
+def client(backend):
+    return openai.OpenAI(base_url=f"{backend.url}/v1", api_key="unused-on-loopback", max_retries=0)
+
+
+@pytest.fixture
+def http(backend):
+    with httpx.Client(base_url=backend.url, timeout=30) as c:
+        yield c
+
+
+def wait_for(http, video_id, statuses=("completed", "failed", "cancelled"), timeout=120):
+    deadline = time.monotonic() + timeout
+    while True:
+        video = http.get(f"/v1/videos/{video_id}").json()
+        if video["status"] in statuses:
+            return video
+        assert time.monotonic() < deadline, f"{video_id} still {video['status']}"
+        time.sleep(0.05)
+
+
+def test_openai_sdk_round_trip(client, tmp_path):
+    video = client.videos.create(model="wan-tiny", prompt="a red fox in snow", seconds="2", size="64x64")
+    assert video.object == "video" and video.status == "queued" and video.seconds == "2" and video.size == "64x64"
+    deadline = time.monotonic() + 120
+    while video.status not in ("completed", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+        video = client.videos.retrieve(video.id)
+    assert video.status == "completed" and video.progress == 100 and video.completed_at >= video.created_at
+    assert video.id in [v.id for v in client.videos.list()]
+    client.videos.download_content(video.id, variant="video").write_to_file(tmp_path / "fox.mp4")
+    frames, fps = read_video(tmp_path / "fox.mp4")
+    assert frames.shape == (33, 64, 64, 3) and fps == 16
+    thumbnail = client.videos.download_content(video.id, variant="thumbnail").read()
+    assert thumbnail[:4] == b"RIFF" and thumbnail[8:12] == b"WEBP"
+    deleted = client.videos.delete(video.id)
+    assert deleted.deleted and deleted.id == video.id
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(video.id)
+
+
+def test_progress_streams_in_order(http):
+    job = http.post("/v1/videos", json={**SMALL, "prompt": "a slow fox", "size": "128x128", "num_frames": 33,
+                                        "num_inference_steps": 100}).json()
+    events = []
+    with http.stream("GET", f"/v1/videos/{job['id']}/events", timeout=120) as stream:
+        kind = None
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: "):]
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line[len("data: "):])))
+    kinds = [k for k, _ in events]
+    progress = [data["progress"] for _, data in events]
+    assert kinds[-1] == "video.completed" and progress[-1] == 100
+    assert "video.in_progress" in kinds and "video.progress" in kinds
+    assert progress == sorted(progress)
+    assert len({p for p in progress if 0 < p < 100}) >= 3, progress
+
+
+def test_cancel_stops_a_running_job_within_a_step_and_the_next_starts(http):
+    long = http.post("/v1/videos", json={**SMALL, "prompt": "a long fox", "size": "256x256", "num_frames": 81,
+                                         "num_inference_steps": 100}).json()
+    short = http.post("/v1/videos", json={**SMALL, "prompt": "a short fox", "num_frames": 9,
+                                          "num_inference_steps": 2}).json()
+    deadline = time.monotonic() + 60
+    while (running := http.get(f"/v1/videos/{long['id']}").json())["progress"] < 5:
+        assert running["status"] in ("queued", "in_progress") and time.monotonic() < deadline
+        time.sleep(0.02)
+    asked = time.monotonic()
+    cancelling = http.post(f"/v1/videos/{long['id']}/cancel").json()
+    assert cancelling["status"] == "in_progress"
+    final = wait_for(http, long["id"], timeout=30)
+    assert final["status"] == "cancelled"
+    assert final["progress"] - cancelling["progress"] <= 2  # one step is ~1 point of 100 steps
+    assert time.monotonic() - asked < 5
+    assert wait_for(http, short["id"])["status"] == "completed"
+    again = http.post(f"/v1/videos/{long['id']}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "video_not_cancellable"
+    assert http.get(f"/v1/videos/{long['id']}/content").status_code == 409
+
+
+def test_remix_keeps_parameters_and_seed(http, tmp_path):
+    source = http.post("/v1/videos", json={**SMALL, "prompt": "a fox", "num_frames": 9, "seed": 42,
+                                           "num_inference_steps": 2}).json()
+    assert wait_for(http, source["id"])["status"] == "completed"
+    remix = http.post(f"/v1/videos/{source['id']}/remix", json={"prompt": "a wolf"}).json()
+    assert remix["remixed_from_video_id"] == source["id"] and remix["prompt"] == "a wolf"
+    for field in ("seed", "size", "num_frames", "fps", "num_inference_steps", "guidance_scale", "model"):
+        assert remix[field] == source[field]
+    assert wait_for(http, remix["id"])["status"] == "completed"
+    a = http.get(f"/v1/videos/{source['id']}/content").content
+    b = http.get(f"/v1/videos/{remix['id']}/content").content
+    (tmp_path / "a.mp4").write_bytes(a)
+    (tmp_path / "b.mp4").write_bytes(b)
+    assert not np.array_equal(read_video(tmp_path / "a.mp4")[0], read_video(tmp_path / "b.mp4")[0])
+
+
+def test_idempotency_key(http):
+    body = {**SMALL, "prompt": "once", "num_frames": 5, "num_inference_steps": 1}
+    first = http.post("/v1/videos", json=body, headers={"Idempotency-Key": "k-1"}).json()
+    second = http.post("/v1/videos", json=body, headers={"Idempotency-Key": "k-1"}).json()
+    assert first["id"] == second["id"]
+    other = http.post("/v1/videos", json={**body, "prompt": "twice"}, headers={"Idempotency-Key": "k-1"})
+    assert other.status_code == 422 and other.json()["error"]["param"] == "Idempotency-Key"
+
+
+def test_list_pages_with_cursor(http, client):
+    ids = [http.post("/v1/videos", json={**SMALL, "prompt": f"page {i}", "num_frames": 5,
+                                         "num_inference_steps": 1}).json()["id"] for i in range(3)]
+    page = http.get("/v1/videos", params={"limit": 2}).json()
+    assert page["object"] == "list" and page["has_more"] and [v["id"] for v in page["data"]] == ids[::-1][:2]
+    assert page["first_id"] == ids[2] and page["last_id"] == ids[1]
+    rest = http.get("/v1/videos", params={"limit": 2, "after": page["last_id"]}).json()
+    assert rest["data"][0]["id"] == ids[0]
+    oldest_first = [v.id for v in client.videos.list(order="asc", limit=1)]  # SDK auto-pagination
+    assert oldest_first.index(ids[0]) < oldest_first.index(ids[1]) < oldest_first.index(ids[2])
+
+
+def test_delete_cancels_a_running_job_and_removes_its_files(http, backend):
+    job = http.post("/v1/videos", json={**SMALL, "prompt": "doomed", "size": "256x256", "num_frames": 81,
+                                        "num_inference_steps": 100}).json()
+    wait_for(http, job["id"], statuses=("in_progress",))
+    assert http.delete(f"/v1/videos/{job['id']}").json() == {"id": job["id"], "object": "video.deleted",
+                                                             "deleted": True}
+    assert http.get(f"/v1/videos/{job['id']}").status_code == 404
+    time.sleep(1.0)  # the worker notices at its next step
+    assert not (backend.data_dir / "files" / job["id"]).exists()
+    follow = http.post("/v1/videos", json={**SMALL, "prompt": "next", "num_frames": 5, "num_inference_steps": 1})
+    assert wait_for(http, follow.json()["id"])["status"] == "completed"
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.received.append((dict(self.headers), body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_webhook_is_signed_and_delivered(http, backend):
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    _Receiver.received = []
+    try:
+        url = f"http://127.0.0.1:{receiver.server_port}/hook"
+        job = http.post("/v1/videos", json={**SMALL, "prompt": "hooked", "num_frames": 5,
+                                            "num_inference_steps": 1, "webhook_url": url}).json()
+        wait_for(http, job["id"])
+        deadline = time.monotonic() + 20
+        while not _Receiver.received:
+            assert time.monotonic() < deadline, "no webhook arrived"
+            time.sleep(0.05)
+    finally:
+        receiver.shutdown()
+    headers, body = _Receiver.received[0]
+    secret = (backend.data_dir / "webhook_secret").read_text().strip()
+    assert verify(secret, headers, body)
+    event = json.loads(body)
+    assert event["type"] == "video.completed" and event["data"]["id"] == job["id"]
+    assert headers["webhook-id"] == event["id"]
+
+
+def test_metrics_count_jobs(http):
+    job = http.post("/v1/videos", json={**SMALL, "prompt": "counted", "num_frames": 5,
+                                        "num_inference_steps": 1}).json()
+    wait_for(http, job["id"])
+    text = http.get("/metrics").text
+    completed = [line for line in text.splitlines() if line.startswith('vidserve_jobs{status="completed"}')]
+    assert completed and float(completed[0].split()[-1]) >= 1
+    assert "vidserve_queue_depth" in text
