@@ -101,3 +101,9 @@ def test_models_lists_the_registry():
     for name in ("wan-tiny", "wan-tiny-i2v", "wan-tiny-ti2v", "Wan2.1-T2V-1.3B", "Wan2.1-I2V-14B-720P",
                  "Wan2.2-TI2V-5B", "Wan2.2-T2V-A14B", "Wan2.2-I2V-A14B"):
         assert name in result.stdout
+
+
+def test_serving_a_public_address_needs_keys_or_an_explicit_flag(tmp_path):
+    result = vidserve("serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("vidserve: error: refusing to serve 0.0.0.0 without API keys")

@@ -1,0 +1,155 @@
+"""Bad input gets an OpenAI-shaped 4xx and never becomes a job; auth and limits."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from vidserve.api.app import create_app
+from vidserve.config import Settings
+
+
+def make_client(tmp_path, **settings):
+    app = create_app(Settings(data_dir=tmp_path / "data", **settings))
+    return TestClient(app), app.state.services
+
+
+@pytest.fixture
+def api(tmp_path):
+    client, services = make_client(tmp_path, max_upload_bytes=64 * 1024)
+    with client:
+        yield client, services
+
+
+def png_bytes(size=(64, 64)):
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (10, 200, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+BAD_JSON = {
+    "unknown model": ({"model": "sora-9", "prompt": "x"}, 400, "model"),
+    "bad size": ({"model": "wan-tiny", "prompt": "x", "size": "65x64"}, 400, "size"),
+    "size not WxH": ({"model": "wan-tiny", "prompt": "x", "size": "big"}, 400, "size"),
+    "frames not 4k+1": ({"model": "wan-tiny", "prompt": "x", "num_frames": 30}, 400, "num_frames"),
+    "seconds not a number": ({"model": "wan-tiny", "prompt": "x", "seconds": "four"}, 400, "seconds"),
+    "too long": ({"model": "wan-tiny", "prompt": "x", "seconds": "600"}, 400, "seconds"),
+    "zero steps": ({"model": "wan-tiny", "prompt": "x", "num_inference_steps": 0}, 400, "num_inference_steps"),
+    "empty prompt": ({"model": "wan-tiny", "prompt": ""}, 400, "prompt"),
+    "no prompt": ({"model": "wan-tiny"}, 400, "prompt"),
+    "unknown field": ({"model": "wan-tiny", "prompt": "x", "colour": "red"}, 400, "colour"),
+    "i2v without image": ({"model": "wan-tiny-i2v", "prompt": "x"}, 400, "image"),
+    "webhook not http": ({"model": "wan-tiny", "prompt": "x", "webhook_url": "file:///etc/passwd"}, 400,
+                         "webhook_url"),
+    "bad data url": ({"model": "wan-tiny-i2v", "prompt": "x", "input_reference": {"image_url": "data:image/png;"
+                                                                                  "base64,@@@"}}, 400,
+                     "input_reference"),
+}
+
+
+def assert_openai_error(response, status, param=None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["type"]
+    if param:
+        assert error["param"] == param, error
+    return error
+
+
+@pytest.mark.parametrize("case", list(BAD_JSON))
+def test_bad_json_fields(api, case):
+    client, services = api
+    body, status, param = BAD_JSON[case]
+    assert_openai_error(client.post("/v1/videos", json=body), status, param)
+    assert services.store.list()[0] == []  # nothing was queued, so nothing reaches a worker
+
+
+def test_malformed_json(api):
+    client, services = api
+    response = client.post("/v1/videos", content=b'{"prompt": "x",', headers={"content-type": "application/json"})
+    assert assert_openai_error(response, 400)["code"] == "invalid_json"
+    response = client.post("/v1/videos", content=b'["a list"]', headers={"content-type": "application/json"})
+    assert_openai_error(response, 400)
+    assert services.store.list()[0] == []
+
+
+def test_non_image_upload(api):
+    client, services = api
+    response = client.post("/v1/videos", data={"model": "wan-tiny-i2v", "prompt": "x"},
+                           files={"input_reference": ("cat.png", b"%PDF-1.4 not an image", "image/png")})
+    assert "could not read image" in assert_openai_error(response, 400, "image")["message"]
+    assert services.store.list()[0] == []
+
+
+def test_oversize_upload(api):
+    client, services = api
+    big = b"\x89PNG" + bytes(200 * 1024)
+    response = client.post("/v1/videos", data={"model": "wan-tiny-i2v", "prompt": "x"},
+                           files={"input_reference": ("big.png", big, "image/png")})
+    assert assert_openai_error(response, 413)["code"] == "file_too_large"
+    assert services.store.list()[0] == []
+
+
+def test_image_for_text_only_model(api):
+    client, _ = api
+    response = client.post("/v1/videos", data={"model": "wan-tiny", "prompt": "x"},
+                           files={"input_reference": ("a.png", png_bytes(), "image/png")})
+    assert_openai_error(response, 400, "image")
+
+
+def test_multipart_with_image_is_accepted(api):
+    client, services = api
+    response = client.post("/v1/videos", data={"model": "wan-tiny-i2v", "prompt": "x", "size": "64x64",
+                                               "num_frames": "5", "num_inference_steps": "1",
+                                               "metadata": '{"team": "a"}'},
+                           files={"input_reference": ("a.png", png_bytes((80, 48)), "image/png")})
+    assert response.status_code == 200, response.text
+    video = response.json()
+    assert video["has_input_reference"] and video["metadata"] == {"team": "a"} and video["num_frames"] == 5
+    job = services.store.get(video["id"])
+    assert services.storage.path(job.input_image_key).exists()
+
+
+def test_unknown_video_and_variant(api):
+    client, _ = api
+    assert assert_openai_error(client.get("/v1/videos/video_nope"), 404)["code"] == "not_found"
+    assert_openai_error(client.get("/v1/videos/video_nope/content?variant=poster"), 400, "variant")
+    assert_openai_error(client.post("/v1/videos/video_nope/cancel"), 404)
+    assert_openai_error(client.delete("/v1/videos/video_nope"), 404)
+    assert_openai_error(client.get("/v1/videos?after=video_nope"), 400, "after")
+    assert_openai_error(client.get("/v1/videos?limit=0"), 400, "limit")
+
+
+def test_full_queue_answers_429_with_retry_after(tmp_path):
+    client, services = make_client(tmp_path, max_queued=2)
+    services.queue.start = lambda: None  # no worker takes jobs, so they stay queued
+    with client:
+        body = {"model": "wan-tiny", "prompt": "x", "num_frames": 5, "num_inference_steps": 1}
+        assert client.post("/v1/videos", json=body).status_code == 200
+        assert client.post("/v1/videos", json=body).status_code == 200
+        response = client.post("/v1/videos", json=body)
+    assert assert_openai_error(response, 429)["code"] == "queue_full"
+    assert int(response.headers["retry-after"]) > 0
+
+
+def test_api_keys(tmp_path):
+    client, _ = make_client(tmp_path, api_keys="k1, k2")
+    with client:
+        assert client.get("/healthz").status_code == 200
+        error = assert_openai_error(client.get("/v1/models"), 401)
+        assert error["code"] == "invalid_api_key"
+        assert_openai_error(client.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401)
+        assert client.get("/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
+        assert_openai_error(client.post("/v1/videos", json={"prompt": "x"}), 401)
+
+
+def test_models_lists_the_registry(api):
+    client, _ = api
+    models = client.get("/v1/models").json()
+    ids = [m["id"] for m in models["data"]]
+    assert models["object"] == "list" and "wan-tiny" in ids and "Wan2.2-I2V-A14B" in ids
+    assert client.get("/readyz").json()["status"] == "ready"

@@ -1,0 +1,140 @@
+"""No job lost, none stuck: kill -9 of workers and servers, restarts, bounded attempts,
+and ten jobs over two Celery workers each run exactly once."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+from conftest import FAST_LEASE
+from servers import Server, Worker
+
+from vidserve.jobstore_redis import RedisJobStore
+
+TINY = {"model": "wan-tiny", "size": "64x64", "num_frames": 33, "num_inference_steps": 4}
+# Long enough to be killed mid-run: ~100 steps of a few tens of ms.
+LONG = {"model": "wan-tiny", "size": "128x128", "num_frames": 81, "num_inference_steps": 100}
+
+
+def wait_until(check, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return result
+
+
+def video(url, video_id):
+    return httpx.get(f"{url}/v1/videos/{video_id}", timeout=10).json()
+
+
+def submit(url, **body):
+    response = httpx.post(f"{url}/v1/videos", json={"prompt": "a fox", **body}, timeout=10)
+    assert response.status_code == 200, response.text
+    return response.json()["id"]
+
+
+def running_with_progress(url, video_id, at_least=3):
+    v = video(url, video_id)
+    return v if v["status"] == "in_progress" and v["progress"] >= at_least else None
+
+
+@pytest.fixture
+def celery_env(redis_url, tmp_path):
+    import redis
+
+    url = redis_url.rsplit("/", 1)[0] + "/15"
+    redis.Redis.from_url(url).flushdb()
+    return tmp_path / "data", {**FAST_LEASE, "VIDSERVE_REDIS_URL": url}
+
+
+def test_ten_jobs_on_two_workers_each_run_once(celery_env):
+    data, env = celery_env
+    server = Server(data, env=env, extra=["--queue", "celery"]).start()
+    workers = [Worker(data, "wan-tiny", env, f"w{i}").start() for i in range(2)]
+    try:
+        ids = [submit(server.url, seed=i, **TINY) for i in range(10)]
+
+        def all_completed():
+            videos = [video(server.url, i) for i in ids]
+            return videos if all(v["status"] == "completed" for v in videos) else None
+
+        done = wait_until(all_completed, what="10 jobs")
+        assert [v["attempts"] for v in done] == [1] * 10  # one claim each: no job ran twice
+        ran_on = {record.worker_id for record in _records(env, ids)}
+        assert ran_on <= {f"{socket.gethostname()}:{w.pid}" for w in workers}
+    finally:
+        for w in workers:
+            w.stop()
+        server.stop()
+
+
+def test_killed_worker_job_reruns_on_restart_and_api_restart_loses_nothing(celery_env):
+    data, env = celery_env
+    server = Server(data, env=env, extra=["--queue", "celery"]).start()
+    worker = Worker(data, "wan-tiny", env, "first").start()
+    replacement = None
+    try:
+        long_id = submit(server.url, **LONG)
+        queued_id = submit(server.url, **TINY)
+        wait_until(lambda: running_with_progress(server.url, long_id), what="the long job to run")
+        worker.kill()
+        # With its worker dead, the job must not stay in_progress: its lease lapses and it is queued again.
+        wait_until(lambda: video(server.url, long_id)["status"] == "queued", timeout=30, what="requeue")
+
+        server.kill()  # and the API dies too; job records live in Redis
+        server = Server(data, env=env, extra=["--queue", "celery"]).start()
+        listed = {v["id"] for v in httpx.get(f"{server.url}/v1/videos", params={"limit": 100}).json()["data"]}
+        assert {long_id, queued_id} <= listed
+
+        replacement = Worker(data, "wan-tiny", env, "replacement").start()
+        final = wait_until(lambda: (v := video(server.url, long_id))["status"] in ("completed", "failed") and v,
+                           what="the rerun")
+        assert final["status"] == "completed" and final["attempts"] == 2
+        assert wait_until(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
+    finally:
+        for w in (worker, replacement):
+            if w:
+                w.stop()
+        server.stop()
+
+
+def test_embedded_server_killed_mid_job_recovers_it_on_restart(tmp_path):
+    data = tmp_path / "data"
+    server = Server(data, env=FAST_LEASE).start()
+    try:
+        long_id = submit(server.url, **LONG)
+        queued_id = submit(server.url, **TINY)
+        wait_until(lambda: running_with_progress(server.url, long_id), what="the long job to run")
+        server.kill()
+        server = Server(data, env=FAST_LEASE).start()
+        final = wait_until(lambda: (v := video(server.url, long_id))["status"] in ("completed", "failed") and v,
+                           what="the recovered job")
+        assert final["status"] == "completed" and final["attempts"] == 2
+        assert wait_until(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
+    finally:
+        server.stop()
+
+
+def test_a_job_that_keeps_killing_its_worker_fails_instead_of_looping(tmp_path):
+    data = tmp_path / "data"
+    server = Server(data, env=FAST_LEASE).start()
+    try:
+        long_id = submit(server.url, **LONG)
+        for attempt in (1, 2):
+            wait_until(lambda: running_with_progress(server.url, long_id), what=f"attempt {attempt}")
+            server.kill()
+            server = Server(data, env=FAST_LEASE).start()
+        final = wait_until(lambda: (v := video(server.url, long_id))["status"] in ("completed", "failed") and v,
+                           what="the final state")
+        assert final["status"] == "failed" and final["attempts"] == 2
+        assert final["error"]["code"] == "worker_lost"
+    finally:
+        server.stop()
+
+
+def _records(env, ids):
+    store = RedisJobStore(env["VIDSERVE_REDIS_URL"])
+    return [store.get(i) for i in ids]
