@@ -57,7 +57,7 @@ def build_services(settings: Settings) -> Services:
         from vidserve.workers.celery_app import CeleryQueue
 
         store = RedisJobStore(settings.redis_url)
-        queue = CeleryQueue(settings, store)
+        queue = CeleryQueue(settings, store, webhooks)
     else:
         from vidserve.jobstore_sqlite import SQLiteJobStore
         from vidserve.workers.embedded import EmbeddedQueue

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from fastapi.testclient import TestClient
@@ -153,3 +159,38 @@ def test_models_lists_the_registry(api):
     ids = [m["id"] for m in models["data"]]
     assert models["object"] == "list" and "wan-tiny" in ids and "Wan2.2-I2V-A14B" in ids
     assert client.get("/readyz").json()["status"] == "ready"
+
+
+def test_cancelling_a_queued_job_ends_it_at_once_and_announces_it(tmp_path):
+    received = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    client, services = make_client(tmp_path)
+    services.queue.start = lambda: None  # no worker: the job stays queued
+    try:
+        with client:
+            hook = f"http://127.0.0.1:{receiver.server_port}/"
+            video = client.post("/v1/videos", json={"model": "wan-tiny", "prompt": "x", "webhook_url": hook}).json()
+            cancelled = client.post(f"/v1/videos/{video['id']}/cancel").json()
+            assert cancelled["status"] == "cancelled"
+            deadline = time.monotonic() + 10
+            while not received and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        receiver.shutdown()
+    assert [(e["type"], e["data"]["id"]) for e in received] == [("video.cancelled", video["id"])]
+
+
+def test_the_api_layer_does_not_import_torch():
+    code = "import sys, vidserve.api.app; assert 'torch' not in sys.modules, 'torch imported'"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -24,7 +24,7 @@ from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, load_or_create_secret
 
-from .runner import JobRunner, recover_lost_jobs
+from .runner import JobRunner, announce, recover_lost_jobs
 
 log = logging.getLogger("vidserve.celery")
 
@@ -59,8 +59,8 @@ def make_celery(settings: Settings) -> Celery:
 class LeaseReaper:
     """Every third of a lease, re-enqueue running jobs whose worker stopped renewing."""
 
-    def __init__(self, store: JobStore, submit, lease_seconds: float):
-        self.store, self.submit, self.interval = store, submit, lease_seconds / 3
+    def __init__(self, store: JobStore, submit, announce, lease_seconds: float):
+        self.store, self.submit, self.announce, self.interval = store, submit, announce, lease_seconds / 3
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="vidserve-lease-reaper", daemon=True)
 
@@ -81,6 +81,8 @@ class LeaseReaper:
                     log.warning("job %s lost its worker (attempt %d): %s", job.id, job.attempts, job.status.value)
                     if job.status is JobStatus.queued:
                         self.submit(job)
+                    else:
+                        self.announce(job)
             except Exception:  # Redis away for a moment: try again next round
                 log.warning("lease check failed", exc_info=True)
 
@@ -88,9 +90,10 @@ class LeaseReaper:
 class CeleryQueue:
     """The API side: enqueue jobs on their model's queue; watch for lost ones."""
 
-    def __init__(self, settings: Settings, store: JobStore):
+    def __init__(self, settings: Settings, store: JobStore, webhooks: WebhookSender):
         self.app = make_celery(settings)
-        self.reaper = LeaseReaper(store, self.submit, settings.lease_seconds)
+        self.reaper = LeaseReaper(store, self.submit, lambda job: announce(webhooks, settings, job),
+                                  settings.lease_seconds)
 
     def start(self) -> None:
         self.reaper.start()
@@ -128,7 +131,8 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
     def run_video_job(job_id: str) -> None:
         runner.run(job_id)
 
-    reaper = LeaseReaper(store, lambda job: enqueue(app, job), settings.lease_seconds)
+    reaper = LeaseReaper(store, lambda job: enqueue(app, job),
+                         lambda job: announce(runner.webhooks, settings, job), settings.lease_seconds)
     reaper.start()
     try:
         app.worker_main(["worker", "--pool=solo", "--concurrency=1", f"--queues={queue_name(spec.name)}",

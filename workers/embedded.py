@@ -15,7 +15,7 @@ import threading
 from vidserve import jobs
 from vidserve.jobs import InvalidTransition, Job, JobStatus, JobStore
 
-from .runner import JobRunner
+from .runner import JobRunner, announce
 
 log = logging.getLogger("vidserve.embedded")
 
@@ -31,9 +31,11 @@ class EmbeddedQueue:
         for job in self.store.with_status([JobStatus.in_progress]):
             # This process is the only worker, so a running job here is one a crash left behind.
             try:
-                self.store.update(job.id, jobs.recover)
+                recovered = self.store.update(job.id, jobs.recover)
             except (KeyError, InvalidTransition):
-                pass
+                continue
+            log.warning("job %s was running when the server stopped: %s", job.id, recovered.status.value)
+            announce(self.runner.webhooks, self.runner.settings, recovered)
         for job in self.store.with_status([JobStatus.queued]):
             self._ids.put(job.id)
         self._thread = threading.Thread(target=self._work, name="vidserve-embedded-worker", daemon=True)

@@ -61,7 +61,7 @@ class JobRunner:
             stop_heartbeat.set()
         if job is not None:
             self.metrics.run_time.labels(job.model, job.status.value).observe(time.time() - job.started_at)
-            self._announce(job)
+            announce(self.webhooks, self.settings, job)
         return job
 
     def _generate(self, job: Job) -> Job | None:
@@ -147,10 +147,11 @@ class JobRunner:
         threading.Thread(target=beat, name=f"lease-{job_id}", daemon=True).start()
         return stop
 
-    def _announce(self, job: Job) -> None:
-        url = job.webhook_url or self.settings.webhook_url
-        if self.webhooks is not None and url and job.status.terminal:
-            self.webhooks.send(url, f"video.{job.status.value}", jobs.video_object(job))
+def announce(webhooks: WebhookSender | None, settings: Settings, job: Job) -> None:
+    """Send the job's terminal event to its webhook (or the server's), if any."""
+    url = job.webhook_url or settings.webhook_url
+    if webhooks is not None and url and job.status.terminal:
+        webhooks.send(url, f"video.{job.status.value}", jobs.video_object(job))
 
 
 def recover_lost_jobs(store: JobStore, now: float | None = None) -> list[Job]:

@@ -18,10 +18,11 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from vidserve import jobs
-from vidserve.jobs import InvalidTransition, Job, JobStatus, video_object
+from vidserve.jobs import Job, JobStatus, video_object
 from vidserve.media import load_image
 from vidserve.registry import resolve
 from vidserve.requests import build_request
+from vidserve.workers.runner import announce
 
 from ..auth import require_api_key
 from ..errors import APIError, not_found
@@ -185,6 +186,8 @@ async def cancel_video(video_id: str, svc: Services = Depends(services)):
         job = await run_in_threadpool(svc.store.update, video_id, jobs.request_cancel)
     except KeyError:
         raise not_found(video_id) from None
+    if job.status is JobStatus.cancelled:  # it was still queued; a running job is announced by its worker
+        announce(svc.webhooks, svc.settings, job)
     return video_object(job)
 
 
