@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -20,6 +22,7 @@ class VideoCreate(BaseModel):
     guidance_scale: float | None = None
     fps: int | None = None
     num_frames: int | None = None
+    attention: dict[str, Any] | None = Field(None, description="AttentionOptions; unset fields keep the server's.")
     webhook_url: str | None = Field(None, max_length=2048)
     metadata: dict[str, str] | None = None
 

@@ -50,6 +50,11 @@ BAD_JSON = {
     "i2v without image": ({"model": "wan-tiny-i2v", "prompt": "x"}, 400, "image"),
     "webhook not http": ({"model": "wan-tiny", "prompt": "x", "webhook_url": "file:///etc/passwd"}, 400,
                          "webhook_url"),
+    "unknown attention mode": ({"model": "wan-tiny", "prompt": "x", "attention": {"mode": "sparse"}}, 400,
+                               "attention.mode"),
+    "density above 1": ({"model": "wan-tiny", "prompt": "x", "attention": {"density": 2}}, 400,
+                         "attention.density"),
+    "attention not an object": ({"model": "wan-tiny", "prompt": "x", "attention": "topk"}, 400, "attention"),
     "bad data url": ({"model": "wan-tiny-i2v", "prompt": "x", "input_reference": {"image_url": "data:image/png;"
                                                                                   "base64,@@@"}}, 400,
                      "input_reference"),

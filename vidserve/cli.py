@@ -39,6 +39,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attention_overrides(args: argparse.Namespace) -> dict | None:
+    given = {"mode": args.attention, "density": args.density, "dense_steps": args.dense_steps}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    return overrides or None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from vidserve.media import encode_mp4, load_image
     from vidserve.registry import resolve
@@ -50,7 +56,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     request = build_request(
         spec, settings, args.prompt, size=args.size, seconds=args.seconds, num_frames=args.frames, fps=args.fps,
         steps=args.steps, guidance=args.guidance, seed=args.seed, negative_prompt=args.negative_prompt or "",
-        image=image,
+        image=image, attention=_attention_overrides(args),
     )
     output = Path(args.output or f"vidserve-{request.seed}.mp4")
     if output.parent and not output.parent.exists():
@@ -142,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--guidance", type=float, help="classifier-free guidance scale")
     gen.add_argument("--seed", type=int)
     gen.add_argument("--negative-prompt")
+    gen.add_argument("--attention", choices=["dense", "topk"], help="self-attention (default: server setting)")
+    gen.add_argument("--density", type=float, help="share of key tiles kept by --attention topk")
+    gen.add_argument("--dense-steps", type=int, help="first denoising steps that run dense")
     gen.add_argument("-o", "--output", help="output MP4 path (default: vidserve-SEED.mp4)")
     gen.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     gen.add_argument("--dtype", help="auto, float32, bfloat16, float16")

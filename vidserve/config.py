@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from vidserve.options import AttentionOptions
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VIDSERVE_", extra="ignore")
@@ -25,6 +27,9 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest conditioning image (width*height).")
     max_upload_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest uploaded file.")
     max_queued: int = Field(100, gt=0, description="Queued jobs past which new ones get 429.")
+
+    attention: AttentionOptions = Field(AttentionOptions(), description="Default attention; JSON, e.g. "
+                                        '{"mode": "topk", "density": 0.125}. Requests may override it.')
 
     # Queue and crash safety.
     queue: str = Field("embedded", pattern="^(embedded|celery)$", description="embedded (in-process) or celery.")

@@ -202,6 +202,7 @@ def video_object(job: Job) -> dict[str, Any]:
         "num_inference_steps": p.get("steps"),
         "guidance_scale": p.get("guidance"),
         "seed": p.get("seed"),
+        "attention": p.get("attention"),
         "has_input_reference": job.input_image_key is not None,
         "started_at": int(job.started_at) if job.started_at else None,
         "attempts": job.attempts,

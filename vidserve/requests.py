@@ -12,8 +12,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
+from vidserve.options import AttentionOptions
 from vidserve.registry import ModelSpec
 
 
@@ -30,6 +33,7 @@ class GenerationRequest:
     seed: int
     negative_prompt: str = ""
     image: Any = None  # a PIL RGB image conditioning the first frame (i2v / ti2v)
+    attention: AttentionOptions = field(default_factory=AttentionOptions)
     options: dict[str, Any] = field(default_factory=dict)  # model options (e.g. guidance_scale_2)
 
     @property
@@ -64,6 +68,7 @@ def build_request(
     seed: int | None = None,
     negative_prompt: str = "",
     image: Any = None,
+    attention: AttentionOptions | dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
 ) -> GenerationRequest:
     """Check every field against the model and the server limits; fill in defaults."""
@@ -117,8 +122,19 @@ def build_request(
     elif not 0 <= seed < 2**63:
         raise InvalidRequest(f"seed must be between 0 and 2^63-1, got {seed}", param="seed")
 
+    if attention is None:
+        attention = settings.attention
+    elif isinstance(attention, dict):
+        # Fields the request leaves out keep the server's default.
+        try:
+            attention = AttentionOptions.model_validate({**settings.attention.model_dump(), **attention})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field_name = ".".join(str(p) for p in first["loc"])
+            raise InvalidRequest(f"attention.{field_name}: {first['msg']}", param=f"attention.{field_name}") from None
+
     return GenerationRequest(
         model=spec.name, prompt=prompt, negative_prompt=negative_prompt, image=image,
         width=width, height=height, num_frames=num_frames, fps=fps, steps=steps,
-        guidance=guidance, seed=seed, options=dict(options or {}),
+        guidance=guidance, seed=seed, attention=attention, options=dict(options or {}),
     )

@@ -21,6 +21,7 @@ from vidserve.config import Settings
 from vidserve.errors import JobCancelled
 from vidserve.jobs import InvalidTransition, Job, JobStatus, JobStore
 from vidserve.media import encode_mp4, load_image, save_thumbnail
+from vidserve.options import AttentionOptions
 from vidserve.registry import resolve
 from vidserve.requests import GenerationRequest
 from vidserve.storage import Storage
@@ -90,6 +91,7 @@ class JobRunner:
             model=job.model, prompt=job.prompt, negative_prompt=p.get("negative_prompt", ""), image=image,
             width=p["width"], height=p["height"], num_frames=p["num_frames"], fps=p["fps"], steps=p["steps"],
             guidance=p["guidance"], seed=p["seed"], options=p.get("options", {}),
+            attention=AttentionOptions(**p["attention"]) if "attention" in p else self.settings.attention,
         )
 
     def _on_step(self, job: Job):

@@ -112,7 +112,7 @@ def _submit(svc: Services, body: VideoCreate, image_bytes: bytes | None, *, idem
     req = build_request(
         spec, settings, body.prompt, size=body.size, seconds=body.seconds, num_frames=body.num_frames,
         fps=body.fps, steps=body.num_inference_steps, guidance=body.guidance_scale, seed=body.seed,
-        negative_prompt=body.negative_prompt or "", image=image,
+        negative_prompt=body.negative_prompt or "", image=image, attention=body.attention,
     )
     queued = len(svc.store.with_status([JobStatus.queued]))
     if queued >= settings.max_queued:
@@ -123,7 +123,7 @@ def _submit(svc: Services, body: VideoCreate, image_bytes: bytes | None, *, idem
         model=spec.name, prompt=req.prompt, max_attempts=settings.max_attempts,
         params={"seconds": seconds, "width": req.width, "height": req.height, "num_frames": req.num_frames,
                 "fps": req.fps, "steps": req.steps, "guidance": req.guidance, "seed": req.seed,
-                "negative_prompt": req.negative_prompt},
+                "negative_prompt": req.negative_prompt, "attention": req.attention.model_dump()},
         webhook_url=body.webhook_url, metadata=body.metadata, idempotency_key=idempotency_key,
         request_hash=request_hash, remixed_from_video_id=remixed_from.id if remixed_from else None,
     )
@@ -229,7 +229,7 @@ async def remix_video(video_id: str, request: Request, svc: Services = Depends(s
     body = VideoCreate(prompt=remix.prompt, model=source.model, size=f"{p['width']}x{p['height']}",
                        num_frames=p["num_frames"], fps=p["fps"], num_inference_steps=p["steps"],
                        guidance_scale=p["guidance"], seed=p["seed"], negative_prompt=p.get("negative_prompt"),
-                       webhook_url=source.webhook_url, metadata=source.metadata)
+                       attention=p.get("attention"), webhook_url=source.webhook_url, metadata=source.metadata)
     image = svc.storage.path(source.input_image_key).read_bytes() if source.input_image_key else None
     job, _ = await run_in_threadpool(_submit, svc, body, image, idempotency_key=None, request_hash=None,
                                      remixed_from=source)

@@ -1,0 +1,35 @@
+"""Per-request model options that change how a video is computed (not what is asked for).
+
+Plain data, validated here so the API and CLI reject bad values before a model sees them.
+Each has a server default (`VIDSERVE_ATTENTION` as JSON) that a request may override.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class AttentionOptions(BaseModel):
+    """Self-attention over the video tokens: dense, or training-free top-k over 3D tiles.
+
+    Text (and image) cross-attention always stays dense.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["dense", "topk"] = "dense"
+    density: float = Field(0.125, gt=0, le=1, description="Share of key tiles each query tile keeps.")
+    tile: tuple[int, int, int] = Field((4, 4, 4), description="(frames, height, width) tokens per tile.")
+    neighbours: int = Field(1, ge=0, le=8, description="Tiles within this radius are always kept.")
+    sink: bool = Field(False, description="Always keep the first frame's tiles.")
+    dense_steps: int = Field(0, ge=0, description="The first denoising steps run dense (layout forms early).")
+    dense_layers: int = Field(0, ge=0, description="The first transformer blocks run dense.")
+
+    @field_validator("tile")
+    @classmethod
+    def _tile_in_range(cls, tile: tuple[int, int, int]) -> tuple[int, int, int]:
+        if any(not 1 <= t <= 16 for t in tile):
+            raise ValueError("tile sizes must be between 1 and 16 tokens")
+        return tile
