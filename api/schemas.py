@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
-class VideoCreate(BaseModel):
-    """POST /v1/videos. OpenAI's fields first, then ours."""
+class _JobFields(BaseModel):
+    """What any job request may say beyond OpenAI's fields."""
 
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1, max_length=10_000)
     model: str | None = None
-    seconds: float | None = Field(None, description="OpenAI sends a string such as \"4\"; numbers work too.")
-    size: str | None = Field(None, description="WIDTHxHEIGHT, multiples of 16.")
     negative_prompt: str | None = Field(None, max_length=10_000)
     seed: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
-    fps: int | None = None
-    num_frames: int | None = None
+    prompts: list[str] | None = Field(None, description="Per-chunk prompts of a long video (a storyboard).")
+    drift_correction: Literal["color", "none"] = "color"
     attention: dict[str, Any] | None = Field(None, description="AttentionOptions; unset fields keep the server's.")
     webhook_url: str | None = Field(None, max_length=2048)
     metadata: dict[str, str] | None = None
@@ -40,6 +38,29 @@ class VideoCreate(BaseModel):
                                                                  for k, v in metadata.items())):
             raise ValueError("at most 16 pairs, keys up to 64 and values up to 512 characters")
         return metadata
+
+
+class VideoCreate(_JobFields):
+    """POST /v1/videos. OpenAI's `prompt`, `model`, `seconds`, `size` (and the
+    `input_reference` file), then ours."""
+
+    seconds: float | None = Field(None, description="OpenAI sends a string such as \"4\"; numbers work too.")
+    size: str | None = Field(None, description="WIDTHxHEIGHT, multiples of 16.")
+    fps: int | None = None
+    num_frames: int | None = None
+
+
+class VideoReference(BaseModel):
+    id: str
+
+
+class VideoExtend(_JobFields):
+    """POST /v1/videos/extensions. OpenAI's `prompt`, `seconds` and `video` (a reference to
+    a completed video, or an uploaded MP4 in the `video` file field), then ours. Size and
+    fps are the source's; `model` (for uploads) defaults to the server's."""
+
+    seconds: float = Field(description="Seconds to add: 4*ceil(seconds*fps/4) new frames.")
+    video: VideoReference | None = None
 
 
 class VideoRemix(BaseModel):

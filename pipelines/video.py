@@ -24,6 +24,7 @@ from PIL import Image, ImageOps
 from vidserve.registry import SERVING_FILE, ModelSpec
 from vidserve.requests import GenerationRequest
 
+from .attention import SparseAttention
 from .tiny import build_tiny_pipeline
 
 StepCallback = Callable[[int, int], None]  # (steps done, total steps); may raise JobCancelled
@@ -92,6 +93,8 @@ class VideoPipeline:
                 boundary_ratio=pipe.config.boundary_ratio, expand_timesteps=True,
             )
             self.image_pipe.set_progress_bar_config(disable=True)
+        transformers = [pipe.transformer, getattr(pipe, "transformer_2", None)]
+        self.attention = SparseAttention([t for t in transformers if t is not None])
 
     @classmethod
     def load(cls, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> "VideoPipeline":
@@ -130,10 +133,12 @@ class VideoPipeline:
         if pipe is None:
             raise ValueError(f"model {self.spec.name} cannot generate {'with' if request.image else 'without'} an image")
 
+        self.attention.configure(request.attention)
         last_step = [time.perf_counter()]
 
         def step_end(_pipe, index, _timestep, callback_kwargs):
             last_step[0] = time.perf_counter()
+            self.attention.step_done(index + 1)
             if on_step is not None:
                 on_step(index + 1, request.steps)
             return callback_kwargs

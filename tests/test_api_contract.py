@@ -199,3 +199,64 @@ def test_metrics_count_jobs(http):
     completed = [line for line in text.splitlines() if line.startswith('vidserve_jobs{status="completed"}')]
     assert completed and float(completed[0].split()[-1]) >= 1
     assert "vidserve_queue_depth" in text
+
+
+def test_long_video_streams_chunks_as_they_finish(http, tmp_path):
+    job = http.post("/v1/videos", json={**SMALL, "prompt": "a long walk", "seconds": 6,
+                                        "num_inference_steps": 100, "prompts": ["a walk", "a run"]}).json()
+    assert job["num_frames"] == 97 and job["prompts"] == ["a walk", "a run"]
+    chunk_events, first_chunk_checked = [], False
+    with http.stream("GET", f"/v1/videos/{job['id']}/events", timeout=180) as stream:
+        kind = None
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: "):]
+            elif line.startswith("data: ") and kind == "chunk.completed":
+                event = json.loads(line[len("data: "):])
+                chunk_events.append(event["index"])
+                if not first_chunk_checked:
+                    # Chunk 1 downloads while chunk 2 is still being generated.
+                    content = http.get(event["url"])
+                    assert content.status_code == 200
+                    assert http.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"
+                    (tmp_path / "chunk0.mp4").write_bytes(content.content)
+                    first_chunk_checked = True
+    assert chunk_events == [0, 1, 2]
+    assert read_video(tmp_path / "chunk0.mp4")[0].shape[0] == 33
+    done = http.get(f"/v1/videos/{job['id']}").json()
+    assert done["status"] == "completed" and done["attempts"] == 1
+    assert [c["frames"] for c in done["chunks"]] == [33, 32, 32]
+    assert all("luma_change" in c["drift"] for c in done["chunks"])
+    (tmp_path / "all.mp4").write_bytes(http.get(f"/v1/videos/{job['id']}/content").content)
+    assert read_video(tmp_path / "all.mp4")[0].shape[0] == 97
+    missing = http.get(f"/v1/videos/{job['id']}/content", params={"variant": "chunk", "index": 7})
+    assert missing.status_code == 404
+
+
+def test_extend_a_completed_video_and_an_uploaded_one(client, http, tmp_path):
+    source = client.videos.create(model="wan-tiny", prompt="a fox", seconds="2", size="64x64")
+    source = wait_for(http, source.id)
+    # The SDK's extend() cannot send video={"id": ...} itself (its multipart encoder takes only
+    # files there), so the reference goes in extra_body, as the SDK's own escape hatch allows.
+    extension = client.videos.extend(prompt="the fox runs", seconds="2", video=openai.omit,
+                                     extra_body={"video": {"id": source["id"]}})
+    assert extension.extends_video_id == source["id"] and extension.seconds == "4"
+    done = wait_for(http, extension.id)
+    assert done["status"] == "completed" and done["num_frames"] == 33 + 32
+    client.videos.download_content(source["id"]).write_to_file(tmp_path / "source.mp4")
+    client.videos.download_content(extension.id).write_to_file(tmp_path / "extended.mp4")
+    original, extended = read_video(tmp_path / "source.mp4")[0], read_video(tmp_path / "extended.mp4")[0]
+    assert extended.shape[0] == 65
+    assert np.abs(extended[:33].astype(int) - original).mean() < 4  # the source, re-encoded once
+    # Continuous at the seam: the first new frame follows the source's last frame.
+    seam = np.abs(extended[33].astype(int) - extended[32]).mean()
+    inside = np.abs(extended[40].astype(int) - extended[39]).mean()
+    assert seam < 3 * inside + 10
+
+    uploaded = client.videos.extend(prompt="and stops", seconds="1", video=(tmp_path / "extended.mp4").open("rb"),
+                                    extra_body={"model": "wan-tiny"})
+    done = wait_for(http, uploaded.id)
+    assert done["status"] == "completed" and done["num_frames"] == 65 + 16 and done["seconds"] == "5"
+    bad = http.post("/v1/videos/extensions", data={"prompt": "x", "seconds": "1"},
+                    files={"video": ("a.mp4", b"not a video", "video/mp4")})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "video"

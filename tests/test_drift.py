@@ -32,7 +32,7 @@ def clip() -> np.ndarray:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_color_correction_holds_chunk_5_at_chunk_1(seed):
-    frames, metrics = chain(SyntheticDriftGenerator(), CHUNKS, FRAMES, correction="color", seed=seed)
+    frames, metrics = chain(SyntheticDriftGenerator(), [FRAMES] * CHUNKS, correction="color", seed=seed)
     first, last = metrics[0], metrics[-1]
     # The metrics describe the frames that were emitted: chunk 5 is the last FRAMES - 1 of them.
     assert last.mean_luma == pytest.approx(color_stats(frames[-(FRAMES - 1) :]).luma)
@@ -43,7 +43,7 @@ def test_color_correction_holds_chunk_5_at_chunk_1(seed):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_without_correction_chunk_5_drifts_dark_and_off_colour(seed):
-    _, metrics = chain(SyntheticDriftGenerator(), CHUNKS, FRAMES, correction="none", seed=seed)
+    _, metrics = chain(SyntheticDriftGenerator(), [FRAMES] * CHUNKS, correction="none", seed=seed)
     first, last = metrics[0], metrics[-1]
     assert last.mean_luma <= 0.70 * first.mean_luma
     assert last.luma_change <= -0.30
@@ -55,7 +55,7 @@ def test_without_correction_chunk_5_drifts_dark_and_off_colour(seed):
 @pytest.mark.parametrize("chunks, frames_per_chunk", [(1, 5), (3, 2), (CHUNKS, FRAMES)])
 @pytest.mark.parametrize("correction", ["color", "none"])
 def test_chain_emits_each_conditioning_frame_once(chunks, frames_per_chunk, correction):
-    frames, metrics = chain(SyntheticDriftGenerator(), chunks, frames_per_chunk, correction=correction)
+    frames, metrics = chain(SyntheticDriftGenerator(), [frames_per_chunk] * chunks, correction=correction)
     assert frames.shape == (chunks * (frames_per_chunk - 1) + 1, 48, 64, 3)
     assert frames.dtype == np.uint8
     assert len(metrics) == chunks
@@ -63,7 +63,7 @@ def test_chain_emits_each_conditioning_frame_once(chunks, frames_per_chunk, corr
 
 def test_chain_rejects_unknown_correction():
     with pytest.raises(ValueError, match="correction"):
-        chain(SyntheticDriftGenerator(), 2, 3, correction="lab")
+        chain(SyntheticDriftGenerator(), [3, 3], correction="lab")
 
 
 def test_generator_opens_on_condition_and_darkens_it(clip):
@@ -118,3 +118,21 @@ def test_match_colors_undoes_a_gain_and_cast(clip):
     m = measure(match_colors(cast, Anchor.from_frames(clip)), Anchor.from_frames(clip))
     assert abs(m.luma_change) < 0.005
     assert m.histogram_distance < 0.05
+
+
+def test_chain_anchored_on_an_input_image_keeps_it_and_streams_each_chunk(clip):
+    image = clip[0]
+    seen = []
+    frames, metrics = chain(SyntheticDriftGenerator(), [5, 5, 5], condition=image, anchor=Anchor.from_frames(image[None]),
+                            on_chunk=lambda index, chunk, metric: seen.append((index, len(chunk), metric)))
+    assert frames.shape[0] == 5 + 4 + 4
+    assert [(i, n) for i, n, _ in seen] == [(0, 5), (1, 4), (2, 4)]
+    assert [m for _, _, m in seen] == metrics
+    assert abs(metrics[-1].luma_change) < 0.02  # anchored on the image, corrected to it
+
+
+def test_continuing_a_video_drops_its_last_frame():
+    last_frame = SyntheticDriftGenerator().generate(None, 3, seed=1)[-1]
+    frames, _ = chain(SyntheticDriftGenerator(), [5, 5], condition=last_frame, continuing=True,
+                      anchor=Anchor.from_frames(last_frame[None]))
+    assert frames.shape[0] == 4 + 4

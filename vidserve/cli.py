@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -56,7 +57,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     request = build_request(
         spec, settings, args.prompt, size=args.size, seconds=args.seconds, num_frames=args.frames, fps=args.fps,
         steps=args.steps, guidance=args.guidance, seed=args.seed, negative_prompt=args.negative_prompt or "",
-        image=image, attention=_attention_overrides(args),
+        image=image, prompts=args.chunk_prompt, drift_correction=args.drift_correction,
+        attention=_attention_overrides(args),
     )
     output = Path(args.output or f"vidserve-{request.seed}.mp4")
     if output.parent and not output.parent.exists():
@@ -64,21 +66,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from vidserve.pipelines.video import get_pipeline
+    from vidserve.pipelines.chain import generate_video
 
-    start = time.perf_counter()
-    pipeline = get_pipeline(spec, settings.device, settings.dtype)
-    load_s = time.perf_counter() - start
-    desc = f"{spec.name} {request.width}x{request.height}x{request.num_frames}"
-    with tqdm(total=request.steps, desc=desc, unit="step", file=sys.stderr, disable=args.quiet) as bar:
-        result = pipeline.generate(request, on_step=lambda done, total: bar.update(done - bar.n))
+    chunks = len(request.chunk_frames)
+    desc = f"{spec.name} {request.width}x{request.height}x{request.num_frames}" + (f", {chunks} chunks" if chunks > 1
+                                                                                   else "")
+    with tqdm(total=request.steps * chunks, desc=desc, unit="step", file=sys.stderr, disable=args.quiet) as bar:
+        result = generate_video(request, settings.device, settings.dtype,
+                                on_step=lambda done, total: bar.update(done - bar.n))
     start = time.perf_counter()
     encode_mp4(result.frames, output, fps=request.fps)
-    timings = {"load": load_s, **result.timings, "encode": time.perf_counter() - start}
+    timings = {**result.timings, "encode": time.perf_counter() - start}
     print(output)
-    print(f"seed {request.seed}, {request.num_frames} frames {request.width}x{request.height} @ {request.fps} fps; "
+    print(f"seed {request.seed}, {len(result.frames)} frames {request.width}x{request.height} @ {request.fps} fps; "
           + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items()), file=sys.stderr)
+    if chunks > 1:
+        print(_drift_table(result.chunks), file=sys.stderr)
+    if args.report:
+        report = {"output": str(output), "model": spec.name, "prompt": request.prompt, "seed": request.seed,
+                  "width": request.width, "height": request.height, "fps": request.fps, "frames": len(result.frames),
+                  "steps": request.steps, "drift_correction": request.drift_correction, "timings": timings,
+                  "chunks": [{"index": c.index, "frames": c.frames, "drift": c.drift} for c in result.chunks]}
+        Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def _drift_table(chunks) -> str:
+    rows = [f"{'chunk':>5} {'frames':>6} {'luma':>7} {'luma Δ':>8} {'hist dist':>9} {'sharpness':>9}"]
+    for c in chunks:
+        d = c.drift
+        rows.append(f"{c.index + 1:>5} {c.frames:>6} {d['mean_luma']:>7.1f} {d['luma_change']:>+8.1%} "
+                    f"{d['histogram_distance']:>9.3f} {d['sharpness_ratio']:>9.2f}")
+    return "\n".join(rows)
 
 
 def cmd_export_tiny(args: argparse.Namespace) -> int:
@@ -148,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--guidance", type=float, help="classifier-free guidance scale")
     gen.add_argument("--seed", type=int)
     gen.add_argument("--negative-prompt")
+    gen.add_argument("--chunk-prompt", action="append",
+                     help="prompt for the next chunk of a long video (repeatable; later chunks use PROMPT)")
+    gen.add_argument("--drift-correction", choices=["color", "none"], default="color",
+                     help="match each chunk's colours to chunk 1 (default: color)")
+    gen.add_argument("--report", help="write a JSON report: chunks, frames, timings, drift metrics")
     gen.add_argument("--attention", choices=["dense", "topk"], help="self-attention (default: server setting)")
     gen.add_argument("--density", type=float, help="share of key tiles kept by --attention topk")
     gen.add_argument("--dense-steps", type=int, help="first denoising steps that run dense")

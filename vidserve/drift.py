@@ -11,7 +11,7 @@ Frames are uint8 numpy arrays [N, H, W, 3] RGB. numpy only (no torch): the API p
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -126,7 +126,7 @@ class VideoGenerator(Protocol):
     """An image-to-video model as chain() drives it: `num_frames` uint8 frames [N, H, W, 3] that open
     on `condition` when one is given, or a first chunk made from the seed when it is None."""
 
-    def generate(self, condition: np.ndarray | None, num_frames: int, seed: int) -> np.ndarray: ...
+    def generate(self, condition: np.ndarray | None, num_frames: int, seed: int, chunk: int) -> np.ndarray: ...
 
 
 def _hue_rotation(degrees: float) -> np.ndarray:
@@ -160,7 +160,7 @@ class SyntheticDriftGenerator:
             img[(y - cy) ** 2 + (x - cx) ** 2 < r * r] = rng.uniform(0, 255, 3)
         return img
 
-    def generate(self, condition: np.ndarray | None, num_frames: int, seed: int) -> np.ndarray:
+    def generate(self, condition: np.ndarray | None, num_frames: int, seed: int, chunk: int = 0) -> np.ndarray:
         rng = np.random.default_rng(seed)
         base = self._scene(rng) if condition is None else condition.astype(np.float64)
         if condition is not None:
@@ -178,30 +178,44 @@ class SyntheticDriftGenerator:
         return frames
 
 
-def chain(generator: VideoGenerator, chunks: int, frames_per_chunk: int, correction: str = "color",
-          seed: int = 0) -> tuple[np.ndarray, list[DriftMetrics]]:
-    """Chain `chunks` chunks into one video; returns the frames and each chunk's drift metrics.
+CORRECTIONS = ("color", "none")
 
-    Chunk 1 is generated from scratch and is the anchor; chunk k+1 is conditioned on the last frame
-    of chunk k and opens on it, so that frame is dropped rather than repeated: the video has
-    chunks * (frames_per_chunk - 1) + 1 frames. With correction="color" the conditioning frame is
-    matched to the anchor before it conditions (so the model starts from the right colours) and so
-    is each new chunk (to remove the drift the model added on top).
+
+def chain(generator: VideoGenerator, plan: list[int], correction: str = "color", seed: int = 0, *,
+          condition: np.ndarray | None = None, anchor: Anchor | None = None, continuing: bool = False,
+          on_chunk: Callable[[int, np.ndarray, DriftMetrics], None] | None = None,
+          ) -> tuple[np.ndarray, list[DriftMetrics]]:
+    """Chain chunks into one video; returns the frames and each chunk's drift metrics.
+
+    `plan` is the number of frames each chunk generates. Chunk k+1 is conditioned on the last
+    frame of chunk k and opens on it, so that frame is dropped rather than repeated. Chunk 1
+    opens on `condition` when one is given: an input image is kept as the video's first frame,
+    the last frame of a video being extended (`continuing`) is dropped like any other.
+    Drift is measured against `anchor` (the input image or the video being extended), or
+    against chunk 1 when there is none. With correction="color" the conditioning frame is
+    matched to the anchor before it conditions (so the model starts from the right colours)
+    and so is each new chunk (to remove the drift the model added on top). `on_chunk` sees
+    each chunk as soon as it is done, so it can be stored and streamed.
     """
-    if correction not in ("color", "none"):
-        raise ValueError(f"correction must be 'color' or 'none', got {correction!r}")
-    if chunks < 1 or frames_per_chunk < 2:
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
+    if not plan or min(plan) < 2:
         raise ValueError("need at least 1 chunk of at least 2 frames (a chunk's first frame is its condition)")
-    first = generator.generate(None, frames_per_chunk, seed)
-    anchor = Anchor.from_frames(first)
-    videos, metrics = [first], [measure(first, anchor)]
-    for k in range(1, chunks):
-        condition = videos[-1][-1]
-        if correction == "color":
+    videos, metrics = [], []
+    for index, num_frames in enumerate(plan):
+        if condition is not None and anchor is not None and correction == "color":
             condition = match_colors(condition[None], anchor)[0]
-        chunk = generator.generate(condition, frames_per_chunk, seed + k)[1:]
-        if correction == "color":
-            chunk = match_colors(chunk, anchor)
-        videos.append(chunk)
-        metrics.append(measure(chunk, anchor))
+        frames = generator.generate(condition, num_frames, seed + index, index)
+        if index > 0 or continuing:
+            frames = frames[1:]
+        if anchor is None:
+            anchor = Anchor.from_frames(frames)
+        elif correction == "color":
+            frames = match_colors(frames, anchor)
+        metric = measure(frames, anchor)
+        videos.append(frames)
+        metrics.append(metric)
+        if on_chunk is not None:
+            on_chunk(index, frames, metric)
+        condition = frames[-1]
     return np.concatenate(videos), metrics

@@ -52,6 +52,10 @@ class Job(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     input_image_key: str | None = None  # storage key of an uploaded first frame
     outputs: dict[str, str] = Field(default_factory=dict)  # variant ("video", "thumbnail") -> storage key
+    # Chunks of a long video as they finish: {"index", "frames", "key", "drift"}; downloadable at once.
+    chunks: list[dict[str, Any]] = Field(default_factory=list)
+    source_video_key: str | None = None  # the MP4 an extension continues (copied or uploaded)
+    extends_video_id: str | None = None
     error: JobError | None = None
     attempts: int = 0
     max_attempts: int = 2
@@ -84,6 +88,7 @@ def start(worker_id: str, lease_seconds: float) -> Callable[[Job], None]:
         now = time.time()
         job.status, job.worker_id, job.attempts = JobStatus.in_progress, worker_id, job.attempts + 1
         job.started_at, job.lease_expires_at, job.progress, job.error = now, now + lease_seconds, 0, None
+        job.chunks = []  # a rerun starts the video over
 
     return apply
 
@@ -96,6 +101,16 @@ def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None)
         job.lease_expires_at = time.time() + lease_seconds
         if progress is not None:
             job.progress = max(job.progress, min(progress, 100))
+
+    return apply
+
+
+def chunk_done(worker_id: str, chunk: dict[str, Any]) -> Callable[[Job], None]:
+    def apply(job: Job) -> None:
+        _require(job, JobStatus.in_progress)
+        if job.worker_id != worker_id:
+            raise InvalidTransition(f"job {job.id} is held by {job.worker_id}, not {worker_id}")
+        job.chunks = [c for c in job.chunks if c["index"] != chunk["index"]] + [dict(chunk)]
 
     return apply
 
@@ -197,12 +212,16 @@ def video_object(job: Job) -> dict[str, Any]:
         "error": job.error.model_dump() if job.error else None,
         # Extensions: what exactly was generated, and how it went.
         "negative_prompt": p.get("negative_prompt") or None,
-        "num_frames": p.get("num_frames"),
+        "num_frames": p["num_frames"] + p.get("source_frames", 0) if "num_frames" in p else None,
         "fps": p.get("fps"),
         "num_inference_steps": p.get("steps"),
         "guidance_scale": p.get("guidance"),
         "seed": p.get("seed"),
         "attention": p.get("attention"),
+        "prompts": p.get("prompts") or None,
+        "drift_correction": p.get("drift_correction"),
+        "extends_video_id": job.extends_video_id,
+        "chunks": [{"index": c["index"], "frames": c["frames"], "drift": c["drift"]} for c in job.chunks],
         "has_input_reference": job.input_image_key is not None,
         "started_at": int(job.started_at) if job.started_at else None,
         "attempts": job.attempts,

@@ -32,6 +32,7 @@ class ModelSpec:
     patch_size: tuple[int, int, int] = (1, 2, 2)  # (t, h, w) patchify of the transformer
     default_steps: int = 50
     default_guidance: float = 5.0
+    continues_with: str | None = None  # the image-to-video model that extends this model's clips
     description: str = ""
 
     @property
@@ -64,25 +65,28 @@ _WAN22_5B = dict(vae_stride=(4, 16, 16), patch_size=(1, 2, 2))
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
-        ModelSpec("wan-tiny", "t2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4,
+        ModelSpec("wan-tiny", "t2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4, continues_with="wan-tiny-i2v",
                   description="Random-weight Wan2.1-style text-to-video, built in code (tests, demos)", **_WAN21),
-        ModelSpec("wan-tiny-i2v", "i2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4,
+        ModelSpec("wan-tiny-i2v", "i2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4, continues_with="wan-tiny-i2v",
                   description="Random-weight Wan2.1-style image-to-video with a tiny CLIP encoder", **_WAN21),
         ModelSpec("wan-tiny-ti2v", "ti2v", "builtin", 64, 64, 24, 33, 5.0, default_steps=4,
+                  continues_with="wan-tiny-ti2v",
                   description="Random-weight Wan2.2-style text/image-to-video (expand_timesteps)", **_WAN22_5B),
+        # Wan2.1 ships no 1.3B image-to-video model; its 480p clips continue on the 14B one.
         ModelSpec("Wan2.1-T2V-1.3B", "t2v", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", 832, 480, 16, 81, 3.0,
-                  default_guidance=5.0, **_WAN21),
-        ModelSpec("Wan2.1-T2V-14B", "t2v", "Wan-AI/Wan2.1-T2V-14B-Diffusers", 1280, 720, 16, 81, 5.0, **_WAN21),
+                  default_guidance=5.0, continues_with="Wan2.1-I2V-14B-480P", **_WAN21),
+        ModelSpec("Wan2.1-T2V-14B", "t2v", "Wan-AI/Wan2.1-T2V-14B-Diffusers", 1280, 720, 16, 81, 5.0,
+                  continues_with="Wan2.1-I2V-14B-720P", **_WAN21),
         ModelSpec("Wan2.1-I2V-14B-480P", "i2v", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", 832, 480, 16, 81, 3.0,
-                  **_WAN21),
+                  continues_with="Wan2.1-I2V-14B-480P", **_WAN21),
         ModelSpec("Wan2.1-I2V-14B-720P", "i2v", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", 1280, 720, 16, 81, 5.0,
-                  **_WAN21),
+                  continues_with="Wan2.1-I2V-14B-720P", **_WAN21),
         ModelSpec("Wan2.2-TI2V-5B", "ti2v", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", 1280, 704, 24, 121, 5.0,
-                  **_WAN22_5B),
+                  continues_with="Wan2.2-TI2V-5B", **_WAN22_5B),
         ModelSpec("Wan2.2-T2V-A14B", "t2v", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", 1280, 720, 16, 81, 12.0,
-                  experts=2, boundary_ratio=0.875, default_guidance=4.0, **_WAN21),
+                  experts=2, boundary_ratio=0.875, default_guidance=4.0, continues_with="Wan2.2-I2V-A14B", **_WAN21),
         ModelSpec("Wan2.2-I2V-A14B", "i2v", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", 1280, 720, 16, 81, 5.0,
-                  experts=2, boundary_ratio=0.9, default_guidance=3.5, **_WAN21),
+                  experts=2, boundary_ratio=0.9, default_guidance=3.5, continues_with="Wan2.2-I2V-A14B", **_WAN21),
     ]
 }
 
@@ -138,5 +142,6 @@ def spec_from_folder(path: Path) -> ModelSpec:
         boundary_ratio=index.get("boundary_ratio"),
         vae_stride=(temporal, spatial, spatial),
         patch_size=tuple(transformer.get("patch_size", (1, 2, 2))),
+        continues_with=str(path) if kind in ("i2v", "ti2v") else base.continues_with,
         description=f"local folder ({pipeline_class})",
     )

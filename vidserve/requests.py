@@ -33,12 +33,34 @@ class GenerationRequest:
     seed: int
     negative_prompt: str = ""
     image: Any = None  # a PIL RGB image conditioning the first frame (i2v / ti2v)
+    # The frames each chunk generates; more than one chunk chains them (see drift.chain).
+    chunk_frames: list[int] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # per-chunk prompts; chunks past the list use `prompt`
+    drift_correction: str = "color"
+    # `image` is the last frame of a video being extended: it is not repeated in the output,
+    # and num_frames counts only the new frames (a multiple of 4).
+    continuing: bool = False
     attention: AttentionOptions = field(default_factory=AttentionOptions)
     options: dict[str, Any] = field(default_factory=dict)  # model options (e.g. guidance_scale_2)
 
     @property
     def seconds(self) -> float:
-        return (self.num_frames - 1) / self.fps
+        return (self.num_frames if self.continuing else self.num_frames - 1) / self.fps
+
+    def prompt_for(self, chunk: int) -> str:
+        return self.prompts[chunk] if chunk < len(self.prompts) else self.prompt
+
+
+def plan_chunks(num_frames: int, frames_per_chunk: int, continuing: bool = False) -> list[int]:
+    """Frames each chunk generates. A chunk after the first (or every chunk, when continuing a
+    video) opens on the frame it continues from, so it adds one frame fewer than it makes."""
+    plan = [] if continuing else [min(num_frames, frames_per_chunk)]
+    remaining = num_frames - sum(plan)
+    while remaining > 0:
+        new = min(frames_per_chunk - 1, remaining)
+        plan.append(new + 1)
+        remaining -= new
+    return plan
 
 
 def frames_for_seconds(seconds: float, fps: int) -> int:
@@ -68,12 +90,23 @@ def build_request(
     seed: int | None = None,
     negative_prompt: str = "",
     image: Any = None,
+    prompts: list[str] | None = None,
+    drift_correction: str = "color",
+    continuing: bool = False,
     attention: AttentionOptions | dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
 ) -> GenerationRequest:
-    """Check every field against the model and the server limits; fill in defaults."""
+    """Check every field against the model and the server limits; fill in defaults.
+
+    With `continuing`, `image` is the last frame of a video being extended and the length
+    (`seconds` or `num_frames`) is what is added: 4*ceil(seconds*fps/4) new frames."""
     if not prompt or not prompt.strip():
         raise InvalidRequest("prompt must not be empty", param="prompt")
+    if continuing:
+        return _continuation(spec, settings, prompt, image=image, seconds=seconds, num_frames=num_frames, fps=fps,
+                             size=size, steps=steps, guidance=guidance, seed=seed, negative_prompt=negative_prompt,
+                             prompts=prompts, drift_correction=drift_correction, attention=attention,
+                             options=options)
     if spec.needs_image and image is None:
         raise InvalidRequest(f"model {spec.name} is image-to-video: give an image to start from", param="image")
     if image is not None and not spec.accepts_image:
@@ -122,6 +155,8 @@ def build_request(
     elif not 0 <= seed < 2**63:
         raise InvalidRequest(f"seed must be between 0 and 2^63-1, got {seed}", param="seed")
 
+    chunk_frames = plan_chunks(num_frames, spec.frames_per_chunk)
+    _check_chain(spec, chunk_frames, prompts, drift_correction)
     if attention is None:
         attention = settings.attention
     elif isinstance(attention, dict):
@@ -136,5 +171,40 @@ def build_request(
     return GenerationRequest(
         model=spec.name, prompt=prompt, negative_prompt=negative_prompt, image=image,
         width=width, height=height, num_frames=num_frames, fps=fps, steps=steps,
-        guidance=guidance, seed=seed, attention=attention, options=dict(options or {}),
+        guidance=guidance, seed=seed, chunk_frames=chunk_frames, prompts=list(prompts or []),
+        drift_correction=drift_correction, attention=attention, options=dict(options or {}),
     )
+
+
+def _check_chain(spec: ModelSpec, chunk_frames: list[int], prompts: list[str] | None, drift_correction: str) -> None:
+    if len(chunk_frames) > 1 and spec.continues_with is None:
+        raise InvalidRequest(f"{spec.name} makes at most {spec.frames_per_chunk} frames and has no image-to-video "
+                             "model to continue its clips; ask for fewer frames", param="num_frames")
+    if prompts is not None:
+        if len(prompts) > len(chunk_frames) or not all(p and p.strip() for p in prompts):
+            raise InvalidRequest(f"prompts must be at most {len(chunk_frames)} non-empty prompts, one per chunk "
+                                 f"of {spec.frames_per_chunk} frames", param="prompts")
+    if drift_correction not in ("color", "none"):
+        raise InvalidRequest(f"drift_correction must be 'color' or 'none', got {drift_correction!r}",
+                             param="drift_correction")
+
+
+def _continuation(spec: ModelSpec, settings: Settings, prompt: str, *, image: Any, seconds: float | None,
+                  num_frames: int | None, fps: int | None, **kwargs: Any) -> GenerationRequest:
+    """An extension: validated as a clip of the new frames plus the one it continues from."""
+    if image is None:
+        raise InvalidRequest("an extension needs the video to continue from", param="video")
+    if spec.continues_with is None:
+        raise InvalidRequest(f"{spec.name} has no image-to-video model to continue its clips", param="model")
+    fps = spec.fps if fps is None else fps
+    if num_frames is not None:
+        if num_frames < 4 or num_frames % 4:
+            raise InvalidRequest(f"an extension adds a multiple of 4 frames, got {num_frames}", param="num_frames")
+        seconds, num_frames = None, num_frames + 1
+    # Validate as a clip that opens on the continued frame, then drop that frame from the count.
+    request = build_request(spec, settings, prompt, seconds=seconds, num_frames=num_frames, fps=fps,
+                            image=image if spec.accepts_image else None, **kwargs)
+    request.image, request.continuing, request.num_frames = image, True, request.num_frames - 1
+    request.chunk_frames = plan_chunks(request.num_frames, spec.frames_per_chunk, continuing=True)
+    _check_chain(spec, request.chunk_frames, kwargs.get("prompts"), request.drift_correction)
+    return request

@@ -16,13 +16,16 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
 from vidserve import jobs
 from vidserve.config import Settings
 from vidserve.errors import JobCancelled
 from vidserve.jobs import InvalidTransition, Job, JobStatus, JobStore
-from vidserve.media import encode_mp4, load_image, save_thumbnail
+from vidserve.drift import DriftMetrics
+from vidserve.media import encode_mp4, load_image, read_video, save_thumbnail
 from vidserve.options import AttentionOptions
-from vidserve.registry import resolve
 from vidserve.requests import GenerationRequest
 from vidserve.storage import Storage
 from vidserve.telemetry import Metrics
@@ -67,14 +70,17 @@ class JobRunner:
 
     def _generate(self, job: Job) -> Job | None:
         try:
-            spec = resolve(job.model)
-            request = self._request_for(job)
-            from vidserve.pipelines.video import get_pipeline  # torch stays out of processes that never run jobs
+            source = read_video(self.storage.path(job.source_video_key))[0] if job.source_video_key else None
+            request = self._request_for(job, source)
+            from vidserve.pipelines.chain import generate_video  # torch stays out of processes that never run jobs
 
-            pipeline = get_pipeline(spec, self.settings.device, self.settings.dtype)
-            result = pipeline.generate(request, on_step=self._on_step(job))
-            outputs = self._store_outputs(job, result.frames, request.fps)
-            timings = {"load": pipeline.load_seconds, **result.timings}
+            result = generate_video(request, self.settings.device, self.settings.dtype,
+                                    on_step=self._on_step(job), on_chunk=self._on_chunk(job, request.fps))
+            # An extension's video is the source followed by the new frames.
+            frames = result.frames if source is None else np.concatenate([source, result.frames])
+            start = time.perf_counter()
+            outputs = self._store_outputs(job, frames, request.fps)
+            timings = {**result.timings, "encode": time.perf_counter() - start}
             return self.store.update(job.id, jobs.complete(outputs, timings))
         except (JobCancelled, KeyError, InvalidTransition) as exc:
             return self._end_cancelled(job, exc)
@@ -82,15 +88,19 @@ class JobRunner:
             log.exception("job %s failed", job.id)
             return self._update_quietly(job.id, jobs.fail("generation_failed", f"{type(exc).__name__}: {exc}"))
 
-    def _request_for(self, job: Job) -> GenerationRequest:
+    def _request_for(self, job: Job, source: np.ndarray | None) -> GenerationRequest:
+        """The request the API validated, from the job's resolved parameters."""
         p = job.params
         image = None
         if job.input_image_key:
             image = load_image(self.storage.path(job.input_image_key), self.settings.max_image_pixels)
+        elif source is not None:
+            image = Image.fromarray(source[-1])
         return GenerationRequest(
             model=job.model, prompt=job.prompt, negative_prompt=p.get("negative_prompt", ""), image=image,
             width=p["width"], height=p["height"], num_frames=p["num_frames"], fps=p["fps"], steps=p["steps"],
-            guidance=p["guidance"], seed=p["seed"], options=p.get("options", {}),
+            guidance=p["guidance"], seed=p["seed"], chunk_frames=p["chunk_frames"], prompts=p.get("prompts", []),
+            drift_correction=p.get("drift_correction", "color"), continuing=source is not None,
             attention=AttentionOptions(**p["attention"]) if "attention" in p else self.settings.attention,
         )
 
@@ -108,6 +118,16 @@ class JobRunner:
                 raise JobCancelled()
 
         return on_step
+
+    def _on_chunk(self, job: Job, fps: int):
+        def on_chunk(index: int, frames: np.ndarray, drift: DriftMetrics) -> None:
+            with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
+                path = encode_mp4(frames, Path(tmp) / "chunk.mp4", fps=fps)
+                key = self.storage.put_file(f"{job.id}/chunk-{index}.mp4", path)
+            chunk = {"index": index, "frames": len(frames), "key": key, "drift": drift.to_dict()}
+            self.store.update(job.id, jobs.chunk_done(self.worker_id, chunk))
+
+        return on_chunk
 
     def _store_outputs(self, job: Job, frames, fps: int) -> dict[str, str]:
         with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:

@@ -1,0 +1,115 @@
+"""Turning a validated request body into a queued job. Everything is checked against the
+model and the server's limits first, so nothing invalid ever reaches a worker."""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+from vidserve.jobs import Job, JobStatus
+from vidserve.media import load_image, read_video
+from vidserve.registry import ModelSpec, resolve
+from vidserve.requests import GenerationRequest, build_request
+
+from .errors import APIError, not_found
+from .schemas import VideoCreate, VideoExtend, _JobFields
+from .services import Services
+
+
+def submit_video(svc: Services, body: VideoCreate, image_bytes: bytes | None, *, idempotency_key: str | None = None,
+                 request_hash: str | None = None, remixed_from: Job | None = None) -> Job:
+    spec = resolve(body.model or svc.settings.default_model)
+    image = load_image(image_bytes, svc.settings.max_image_pixels) if image_bytes is not None else None
+    request = build_request(spec, svc.settings, body.prompt, size=body.size, seconds=body.seconds,
+                            num_frames=body.num_frames, fps=body.fps, image=image, **_options(body))
+    seconds = f"{body.seconds:g}" if body.seconds is not None else f"{request.seconds:g}"
+    job = _job(svc, spec, body, request, seconds, idempotency_key=idempotency_key, request_hash=request_hash,
+               remixed_from_video_id=remixed_from.id if remixed_from else None)
+    if image is not None:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        job.input_image_key = svc.storage.put_bytes(f"{job.id}/input.png", buffer.getvalue())
+    return _enqueue(svc, job)
+
+
+def submit_extension(svc: Services, body: VideoExtend, upload: bytes | None) -> Job:
+    """A job continuing a video from its last frame; its content is the source + the new frames."""
+    if (body.video is None) == (upload is None):
+        raise APIError(400, "give the video to extend: either video={\"id\": ...} or an uploaded MP4 file",
+                       param="video")
+    if body.video is not None:
+        source_job = svc.store.get(body.video.id)
+        if source_job is None:
+            raise not_found(body.video.id)
+        if source_job.status is not JobStatus.completed:
+            raise APIError(409, f"video {source_job.id} is {source_job.status.value}; only a completed video "
+                                "can be extended", param="video", code="video_not_ready")
+        source_bytes = svc.storage.path(source_job.outputs["video"]).read_bytes()
+        model = body.model or source_job.model
+        steps, guidance = source_job.params["steps"], source_job.params["guidance"]
+    else:
+        source_bytes, model, steps, guidance = upload, body.model or svc.settings.default_model, None, None
+    frames, fps = _decode_video(source_bytes)
+    spec = resolve(model)
+    options = _options(body)
+    # A referenced video's extension denoises like the video did, unless told otherwise.
+    options["steps"] = options["steps"] if options["steps"] is not None else steps
+    options["guidance"] = options["guidance"] if options["guidance"] is not None else guidance
+    height, width = frames.shape[1:3]
+    request = build_request(spec, svc.settings, body.prompt, size=f"{width}x{height}", seconds=body.seconds,
+                            fps=round(fps), image=Image.fromarray(frames[-1]), continuing=True, **options)
+    total = len(frames) + request.num_frames
+    job = _job(svc, spec, body, request, f"{(total - 1) / request.fps:g}", source_frames=len(frames),
+               extends_video_id=body.video.id if body.video else None)
+    job.source_video_key = svc.storage.put_bytes(f"{job.id}/source.mp4", source_bytes)
+    return _enqueue(svc, job)
+
+
+def _options(body: _JobFields) -> dict:
+    return dict(steps=body.num_inference_steps, guidance=body.guidance_scale, seed=body.seed,
+                negative_prompt=body.negative_prompt or "", prompts=body.prompts,
+                drift_correction=body.drift_correction, attention=body.attention)
+
+
+def _job(svc: Services, spec: ModelSpec, body: _JobFields, request: GenerationRequest, seconds: str, *,
+         source_frames: int = 0, **fields) -> Job:
+    queued = len(svc.store.with_status([JobStatus.queued]))
+    if queued >= svc.settings.max_queued:
+        raise APIError(429, f"the queue is full ({queued} jobs waiting); try again later", code="queue_full",
+                       headers={"Retry-After": "30"})
+    params = {"seconds": seconds, "width": request.width, "height": request.height, "num_frames": request.num_frames,
+              "fps": request.fps, "steps": request.steps, "guidance": request.guidance, "seed": request.seed,
+              "negative_prompt": request.negative_prompt, "chunk_frames": request.chunk_frames,
+              "prompts": request.prompts, "drift_correction": request.drift_correction,
+              "attention": request.attention.model_dump(), "source_frames": source_frames}
+    return Job(model=spec.name, prompt=request.prompt, max_attempts=svc.settings.max_attempts, params=params,
+               webhook_url=body.webhook_url, metadata=body.metadata, **fields)
+
+
+def _enqueue(svc: Services, job: Job) -> Job:
+    stored, created = svc.store.create(job)
+    if not created:  # an Idempotency-Key retry: the job already exists
+        svc.storage.delete_prefix(f"{job.id}/")
+        if stored.request_hash != job.request_hash:
+            raise APIError(422, "this Idempotency-Key was already used with a different request body",
+                           param="Idempotency-Key", code="idempotency_key_reused")
+        return stored
+    svc.queue.submit(stored)
+    return stored
+
+
+def _decode_video(data: bytes):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "source.mp4"
+        path.write_bytes(data)
+        try:
+            frames, fps = read_video(path)
+        except Exception:
+            raise APIError(400, "the uploaded video could not be decoded; send an MP4 (H.264)",
+                           param="video", code="invalid_video") from None
+    if len(frames) == 0:
+        raise APIError(400, "the uploaded video has no frames", param="video", code="invalid_video")
+    return frames, fps

@@ -1,0 +1,179 @@
+"""Top-k block-sparse attention vs dense SDPA on this machine's CPU (issue 4).
+
+For L in {4096, 8192, 16384} tokens (grids 4x32x32, 8x32x32, 16x32x32), B=1, 12 heads,
+head_dim 128, fp32 and bf16: dense SDPA time, sparse time (tiling, selection, attention
+and the permutation back all included), speedup, and the sparse output's cosine
+similarity and relative L2 error vs dense. Inputs have video-like locality
+(vidserve.kernels.synthetic). Dense and sparse are timed alternately in the same process;
+the table shows medians.
+
+Two columns say how much to trust a row:
+  mass   share of the dense attention weight (sampled queries) that falls in the kept
+         tiles, and in brackets the most any choice of the same number of tiles could keep:
+         how sparse the inputs are and how close the selection gets to the best selection.
+  cpu    CPU time of this process / (wall time * threads) while timing; well below 1.0
+         means another process competed for the cores and the timings are suspect.
+
+    python benchmarks/attention.py [--quick] [--lengths 8192 ...] [--density 0.125] [--tile 4x4x4]
+        [--query-tile 4x8x4] [--neighbours 0] [--sink] [--repeats 5] [--json PATH]
+
+Without options it measures sparse_attention's defaults (the other options are for ablations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vidserve.kernels import dense_attention, sparse_attention
+from vidserve.kernels.dispatch import default_query_tile
+from vidserve.kernels.selection import select_key_tiles
+from vidserve.kernels.synthetic import video_like_qkv
+from vidserve.kernels.tiles import tile_layout
+
+GRIDS = {4096: (4, 32, 32), 8192: (8, 32, 32), 16384: (16, 32, 32)}
+QUICK_LENGTHS = (4096, 8192)
+HEADS, HEAD_DIM = 12, 128
+MASS_SAMPLE_QUERIES = 256
+DEFAULT_JSON = Path(__file__).parent / "results" / "attention.json"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def timed(fn) -> tuple[float, float]:
+    """Wall seconds of one call, and CPU seconds this process used meanwhile."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def attention_mass_kept(q, k, grid, density, options) -> tuple[float, float]:
+    """(kept, best): mean share of dense attention weight inside the selected key tiles, and
+    inside the same number of tiles chosen with hindsight, over sampled queries of all heads."""
+    q_layout, k_layout = tile_layout(grid, options["query_tile"]), tile_layout(grid, options["tile"])
+    q_tiles, k_tiles = q_layout.to_tiles(q), k_layout.to_tiles(k)
+    selection = select_key_tiles(
+        q_tiles, k_tiles, q_layout, k_layout, density, neighbours=options["neighbours"], sink=options["sink"]
+    )
+    queries = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:MASS_SAMPLE_QUERIES]
+    weights = torch.softmax(q[0, :, queries].float() @ k[0].float().transpose(-1, -2) / math.sqrt(q.shape[-1]), -1)
+    tile_weights = torch.zeros(HEADS, len(queries), k_layout.n_tiles).index_add_(-1, k_layout.tile_of_token(), weights)
+    kept_tiles = selection.key_tiles[0][:, q_layout.tile_of_token()[queries]]  # [heads, queries, max_kept]
+    kept = tile_weights.gather(-1, kept_tiles).sum(-1).mean().item()
+    best = tile_weights.topk(selection.max_kept, dim=-1).values.sum(-1).mean().item()
+    return kept, best
+
+
+def measure(length: int, dtype: torch.dtype, density: float, options: dict, repeats: int) -> dict:
+    grid = GRIDS[length]
+    q, k, v = video_like_qkv(1, HEADS, grid, HEAD_DIM, dtype=dtype)
+    run_dense = lambda: dense_attention(q, k, v)  # noqa: E731
+    run_sparse = lambda: sparse_attention(q, k, v, grid, density=density, **options)  # noqa: E731
+    dense, sparse = run_dense(), run_sparse()  # warm-up; also the outputs compared below
+
+    times = {"dense": [], "sparse": []}
+    wall_total = cpu_total = 0.0
+    for _ in range(repeats):
+        for name, fn in (("dense", run_dense), ("sparse", run_sparse)):
+            wall, cpu = timed(fn)
+            times[name].append(wall)
+            wall_total, cpu_total = wall_total + wall, cpu_total + cpu
+
+    dense64, sparse64 = dense.double().flatten(), sparse.double().flatten()
+    mass_kept, mass_best = attention_mass_kept(q, k, grid, density, options)
+    dense_ms = 1000 * statistics.median(times["dense"])
+    sparse_ms = 1000 * statistics.median(times["sparse"])
+    return {
+        "L": length,
+        "grid": list(grid),
+        "dtype": str(dtype).removeprefix("torch."),
+        "dense_ms": round(dense_ms, 1),
+        "sparse_ms": round(sparse_ms, 1),
+        "speedup": round(dense_ms / sparse_ms, 2),
+        "cosine": round(F.cosine_similarity(sparse64, dense64, dim=0).item(), 5),
+        "rel_l2": round(((sparse64 - dense64).norm() / dense64.norm()).item(), 4),
+        "mass_kept": round(mass_kept, 3),
+        "mass_best": round(mass_best, 3),
+        "cpu_share": round(cpu_total / (wall_total * torch.get_num_threads()), 2),
+        "dense_runs_ms": [round(1000 * t, 1) for t in times["dense"]],
+        "sparse_runs_ms": [round(1000 * t, 1) for t in times["sparse"]],
+    }
+
+
+def triple(text: str) -> tuple[int, int, int]:
+    return tuple(int(n) for n in text.split("x"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"L in {QUICK_LENGTHS} and 3 repeats (under a minute)")
+    parser.add_argument("--lengths", type=int, nargs="+", choices=tuple(GRIDS), default=tuple(GRIDS))
+    parser.add_argument("--density", type=float, default=0.125)
+    parser.add_argument("--tile", type=triple, default=(4, 4, 4), help="key tile, e.g. 4x4x4")
+    parser.add_argument("--query-tile", type=triple, default=None, help="default: sparse_attention's")
+    parser.add_argument("--neighbours", type=int, default=0)
+    parser.add_argument("--sink", action="store_true")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args()
+    lengths = QUICK_LENGTHS if args.quick else args.lengths
+    repeats = 3 if args.quick else args.repeats
+    options = dict(
+        tile=args.tile,
+        query_tile=args.query_tile or default_query_tile(args.tile),
+        neighbours=args.neighbours,
+        sink=args.sink,
+    )
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()}; B=1, heads {HEADS}, "
+          f"head_dim {HEAD_DIM}; density {args.density}, {options}; medians of {repeats}; "
+          f"load average before: {os.getloadavg()[0]:.2f}")
+    header = f"{'L':>6} {'grid':>9} {'dtype':>8} {'dense ms':>9} {'sparse ms':>10} {'speedup':>8} " \
+             f"{'cosine':>8} {'rel L2':>7} {'mass (best)':>13} {'cpu':>5}"
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for length in lengths:
+        for dtype in (torch.float32, torch.bfloat16):
+            row = measure(length, dtype, args.density, options, repeats)
+            rows.append(row)
+            grid = "x".join(map(str, row["grid"]))
+            print(f"{length:>6} {grid:>9} {row['dtype']:>8} {row['dense_ms']:>9.1f} {row['sparse_ms']:>10.1f} "
+                  f"{row['speedup']:>7.2f}x {row['cosine']:>8.4f} {row['rel_l2']:>7.3f} "
+                  f"{row['mass_kept']:>6.3f} ({row['mass_best']:.3f}) {row['cpu_share']:>5.2f}", flush=True)
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "command": " ".join(["python", *sys.argv]),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": cpu_model(),
+        "density": args.density,
+        "options": options,
+        "repeats": repeats,
+        "load_average_after": os.getloadavg()[0],
+        "rows": rows,
+    }, indent=2))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""`sparse_attention`: the public entry point, and the choice of backend.
+
+    q, k, v [B, heads, L, d], tokens in row-major (f, h, w) order over grid (F, H, W)
+      -> tile order (one copy each)            tiles.py
+      -> top-k key tiles per query tile        selection.py
+      -> block-sparse attention over them      sparse_triton.py | sparse_torch.py | reference.py
+      -> token order (one copy)                tiles.py
+
+Queries and keys are tiled differently. Keys use `tile` (64 tokens by default). Queries use
+`query_tile`, by default `tile` with its height doubled (128 tokens): all queries of a
+query tile share one selection, and on a CPU, twice as many queries per gathered key block
+halves the gather work and gives the matmuls a better shape (sparse attention at density
+0.125 runs 10-30% faster than with 64-token query tiles), for a fidelity cost of about
+0.001 in cosine similarity on locality-structured inputs (benchmarks/RESULTS.md). Height
+rather than width is doubled because Wan latent widths (52 at 480p) are not multiples of 8
+while the tile-padded heights (30 -> 32) are, so no extra padding is computed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dense import dense_attention
+from .reference import block_sparse_attention_reference
+from .selection import select_key_tiles
+from .sparse_torch import block_sparse_attention_torch
+from .sparse_triton import block_sparse_attention_triton, triton_available
+from .tiles import Triple, tile_layout
+
+BACKENDS = ("triton", "torch", "reference")
+
+
+def default_query_tile(tile: Triple) -> Triple:
+    """The query tile used when none is given: `tile` with its height doubled."""
+    return (tile[0], 2 * tile[1], tile[2])
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grid: Triple,
+    density: float = 0.125,
+    tile: Triple = (4, 4, 4),
+    *,
+    neighbours: int = 0,
+    sink: bool = False,
+    backend: str | None = None,
+    query_tile: Triple | None = None,
+) -> torch.Tensor:
+    """Top-k block-sparse self-attention over a (F, H, W) video token grid.
+
+    q, k, v: [B, heads, L, d] with L = F*H*W tokens in row-major (f, h, w) order.
+    Returns [B, heads, L, d] in the same order, like `scaled_dot_product_attention`.
+
+    density: fraction of key tiles each query tile keeps (k = ceil(density * n_key_tiles));
+        >= 1.0 is exact dense attention.
+    tile: key tile shape in tokens (tf, th, tw); any grid size works, edge tiles are padded.
+    neighbours: also always keep the key tiles within this many tiles (on every axis) of
+        the query tile; 0 keeps only the key tiles the query tile itself covers.
+    sink: also always keep the key tiles of the first frame.
+    backend: "triton" (CUDA), "torch", "reference" (masked dense, slow) or None: triton on
+        CUDA when installed, torch otherwise.
+    query_tile: query tile shape; None = `tile` with its height doubled.
+
+    Always-kept tiles count toward the budget: each query tile keeps
+    max(k, number of always-kept tiles) key tiles, the always-kept ones first.
+    """
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must all be [batch, heads, L, head_dim], got {q.shape}, {k.shape}, {v.shape}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend is None:
+        if density >= 1.0:
+            return dense_attention(q, k, v)
+        backend = "triton" if q.is_cuda and triton_available() else "torch"
+
+    if query_tile is None:
+        query_tile = default_query_tile(tile)
+    q_layout = tile_layout(grid, query_tile, q.device)
+    k_layout = tile_layout(grid, tile, q.device)
+    q_tiles, k_tiles = q_layout.to_tiles(q), k_layout.to_tiles(k)
+    selection = select_key_tiles(q_tiles, k_tiles, q_layout, k_layout, density, neighbours=neighbours, sink=sink)
+
+    if backend == "reference":
+        return block_sparse_attention_reference(q, k, v, selection, q_layout, k_layout)
+    v_tiles = k_layout.to_tiles(v)
+    if backend == "triton":
+        out_tiles = block_sparse_attention_triton(q_tiles, k_tiles, v_tiles, selection, k_layout)
+    else:
+        out_tiles = block_sparse_attention_torch(q_tiles, k_tiles, v_tiles, selection, k_layout)
+    return q_layout.from_tiles(out_tiles)

@@ -1,0 +1,96 @@
+"""Any video request, one chunk or many: the entry point the CLI and the workers call.
+
+A clip longer than the model's chunk is a chain (see `vidserve.drift.chain`): chunk 1
+from the prompt (or the input image), chunk k+1 from the last frame of chunk k on the
+model's image-to-video continuation, each measured for drift against chunk 1 and, with
+`drift_correction="color"`, corrected to it. Progress counts steps across all chunks, and
+each chunk is handed to `on_chunk` as soon as it is done, so it can be stored and streamed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from vidserve.drift import Anchor, DriftMetrics, chain
+from vidserve.registry import resolve
+from vidserve.requests import GenerationRequest
+
+from .video import StepCallback, VideoPipeline, get_pipeline
+
+ChunkCallback = Callable[[int, np.ndarray, DriftMetrics], None]
+
+
+@dataclass
+class ChunkReport:
+    index: int
+    frames: int  # frames this chunk adds to the video
+    drift: dict
+
+
+@dataclass
+class VideoResult:
+    frames: np.ndarray  # uint8 [frames, height, width, 3]
+    fps: int
+    seed: int
+    timings: dict[str, float] = field(default_factory=dict)  # seconds, summed over chunks
+    chunks: list[ChunkReport] = field(default_factory=list)
+
+
+class _ChunkGenerator:
+    """Adapts the Wan pipelines to the `generate(condition, num_frames, seed, chunk)` of drift.chain."""
+
+    def __init__(self, request: GenerationRequest, first: VideoPipeline, continuation: VideoPipeline | None,
+                 on_step: StepCallback | None, load_seconds: float):
+        self.request, self.first, self.continuation, self.on_step = request, first, continuation, on_step
+        self.timings = {"load": load_seconds}
+
+    def generate(self, condition: np.ndarray | None, num_frames: int, seed: int, chunk: int) -> np.ndarray:
+        r = self.request
+        opening = chunk == 0 and not r.continuing
+        pipeline = self.first if opening else self.continuation
+        image = Image.fromarray(condition) if condition is not None else None
+        request = replace(r, prompt=r.prompt_for(chunk), num_frames=num_frames, seed=seed, image=image,
+                          chunk_frames=[num_frames])
+        steps_before, total = chunk * r.steps, r.steps * len(r.chunk_frames)
+
+        def on_step(done: int, _: int) -> None:
+            if self.on_step is not None:
+                self.on_step(steps_before + done, total)
+
+        result = pipeline.generate(request, on_step=on_step)
+        for phase, seconds in result.timings.items():
+            self.timings[phase] = self.timings.get(phase, 0.0) + seconds
+        return result.frames
+
+
+def generate_video(request: GenerationRequest, device: str = "auto", dtype: str = "auto",
+                   on_step: StepCallback | None = None, on_chunk: ChunkCallback | None = None) -> VideoResult:
+    spec = resolve(request.model)
+    start = time.perf_counter()  # ~0 once the models are resident
+    first = get_pipeline(spec, device, dtype)
+    chained = request.continuing or len(request.chunk_frames) > 1
+    continuation = get_pipeline(resolve(spec.continues_with), device, dtype) if chained else None
+    generator = _ChunkGenerator(request, first, continuation, on_step, time.perf_counter() - start)
+
+    condition = anchor = None
+    if request.image is not None:
+        size = (request.width, request.height)
+        condition = np.asarray(ImageOps.fit(request.image.convert("RGB"), size, Image.LANCZOS))
+        # Drift is measured against chunk 1, or, when extending a video, against the frame it
+        # continues from. (Not against an input image: chunk 1 may rightly move away from it.)
+        anchor = Anchor.from_frames(condition[None]) if request.continuing else None
+    reports: list[ChunkReport] = []
+
+    def chunk_done(index: int, frames: np.ndarray, metrics: DriftMetrics) -> None:
+        reports.append(ChunkReport(index, len(frames), metrics.to_dict()))
+        if on_chunk is not None:
+            on_chunk(index, frames, metrics)
+
+    frames, _ = chain(generator, request.chunk_frames, request.drift_correction, request.seed,
+                      condition=condition, anchor=anchor, continuing=request.continuing, on_chunk=chunk_done)
+    return VideoResult(frames=frames, fps=request.fps, seed=request.seed, timings=generator.timings, chunks=reports)
