@@ -1,5 +1,6 @@
 """The `vidserve` command as a user runs it: real processes, real MP4s, exit codes."""
 
+import json
 import subprocess
 import sys
 
@@ -107,3 +108,19 @@ def test_serving_a_public_address_needs_keys_or_an_explicit_flag(tmp_path):
     result = vidserve("serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.strip().startswith("vidserve: error: refusing to serve 0.0.0.0 without API keys")
+
+
+def test_long_video_chains_chunks_and_writes_a_report(tmp_path):
+    out, report = tmp_path / "long.mp4", tmp_path / "r.json"
+    # 5 s at 16 fps = 81 frames = chunks of 33 + 32 + 16 new frames with wan-tiny's 33-frame chunks.
+    result = vidserve("generate", "a fox walks", "--model", "wan-tiny", "--size", "64x64", "--fps", "16",
+                      "--seconds", "5", "--steps", "2", "--seed", "4", "-q", "--report", str(report), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    frames, _ = read_video(out)
+    assert frames.shape[0] == 81
+    data = json.loads(report.read_text())
+    assert data["frames"] == 81 and [c["frames"] for c in data["chunks"]] == [33, 32, 16]
+    for chunk in data["chunks"]:
+        assert {"mean_luma", "channel_mean", "channel_std", "histogram_distance", "sharpness", "luma_change",
+                "sharpness_ratio"} <= set(chunk["drift"])
+    assert "luma Δ" in result.stderr  # the per-chunk drift table
