@@ -54,18 +54,28 @@ def block_sparse_attention_torch(
     # Whole multiples of the thread count: bmm splits its batch across threads.
     threads = torch.get_num_threads()
     chunk = max(1, chunk_bytes // (2 * kept * t_k * d * k_tiles.element_size()) // threads) * threads
+    chunk = min(chunk, q_rows.shape[0])
+    # Buffers reused by every chunk: fresh multi-MiB tensors per chunk come straight from the
+    # OS, and their page faults cost as much as the matmuls.
+    k_buffer = q_rows.new_empty(chunk * kept, t_k, d)
+    v_buffer = q_rows.new_empty(chunk * kept, t_k, d)
+    q_buffer = q_rows.new_empty(chunk, t_q, d)
+    scores_buffer = q_rows.new_empty(chunk, t_q, kept * t_k)
     for start in range(0, q_rows.shape[0], chunk):
         stop = min(start + chunk, q_rows.shape[0])
-        rows = kv_rows[start:stop].flatten()
-        k_chunk = k_rows.index_select(0, rows).view(stop - start, kept * t_k, d)
-        v_chunk = v_rows.index_select(0, rows).view(stop - start, kept * t_k, d)
-        q_chunk = q_rows[start:stop] * scale  # q has d columns, the scores kept * t_k: scale the smaller
+        rows = stop - start
+        kv_ids = kv_rows[start:stop].flatten()
+        k_chunk = torch.index_select(k_rows, 0, kv_ids, out=k_buffer[: rows * kept]).view(rows, kept * t_k, d)
+        v_chunk = torch.index_select(v_rows, 0, kv_ids, out=v_buffer[: rows * kept]).view(rows, kept * t_k, d)
+        # q has d columns, the scores kept * t_k: scaling q is the cheaper place for the softmax scale.
+        q_chunk = torch.mul(q_rows[start:stop], scale, out=q_buffer[:rows])
+        scores = scores_buffer[:rows]
         if padding_bias is None and unused is None:
-            scores = torch.bmm(q_chunk, k_chunk.transpose(1, 2))
+            torch.bmm(q_chunk, k_chunk.transpose(1, 2), out=scores)
         else:
             bias = _chunk_bias(padding_bias, unused, key_tiles, start, stop, t_k, q_tiles.dtype)
-            scores = torch.baddbmm(bias, q_chunk, k_chunk.transpose(1, 2))
-        torch.bmm(torch.softmax(scores, dim=-1), v_chunk, out=out[start:stop])
+            torch.baddbmm(bias, q_chunk, k_chunk.transpose(1, 2), out=scores)
+        torch.bmm(torch.softmax(scores, dim=-1, out=scores), v_chunk, out=out[start:stop])
     return out.view(b, h, n_q, t_q, d)
 
 

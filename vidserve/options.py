@@ -22,7 +22,7 @@ class AttentionOptions(BaseModel):
     mode: Literal["dense", "topk"] = "dense"
     density: float = Field(0.125, gt=0, le=1, description="Share of key tiles each query tile keeps.")
     tile: tuple[int, int, int] = Field((4, 4, 4), description="(frames, height, width) tokens per tile.")
-    neighbours: int = Field(1, ge=0, le=8, description="Tiles within this radius are always kept.")
+    neighbours: int = Field(0, ge=0, le=8, description="Key tiles within this radius of a query tile are always kept.")
     sink: bool = Field(False, description="Always keep the first frame's tiles.")
     dense_steps: int = Field(0, ge=0, description="The first denoising steps run dense (layout forms early).")
     dense_layers: int = Field(0, ge=0, description="The first transformer blocks run dense.")
