@@ -75,6 +75,8 @@ def test_progress_streams_in_order(http):
                 kind = line[len("event: "):]
             elif line.startswith("data: "):
                 events.append((kind, json.loads(line[len("data: "):])))
+    assert [data["index"] for kind, data in events if kind == "chunk.completed"] == [0]
+    events = [(kind, data) for kind, data in events if kind.startswith("video.")]
     kinds = [k for k, _ in events]
     progress = [data["progress"] for _, data in events]
     assert kinds[-1] == "video.completed" and progress[-1] == 100
