@@ -62,6 +62,7 @@ class VidserveProcess:
 
 class Server(VidserveProcess):
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None, extra: list[str] | None = None):
+        self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(["serve", "--port", str(self.port), "--data-dir", str(data_dir), "--log-level", "warning",

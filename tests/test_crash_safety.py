@@ -36,6 +36,16 @@ def submit(url, **body):
     return response.json()["id"]
 
 
+def finished(url, video_id, what):
+    return wait_until(lambda: (v := video(url, video_id))["status"] in ("completed", "failed") and v, what=what)
+
+
+def kill_mid_job_and_restart(server, video_id, what):
+    wait_until(lambda: running_with_progress(server.url, video_id), what=what)
+    server.kill()
+    return Server(server.data_dir, env=FAST_LEASE).start()
+
+
 def running_with_progress(url, video_id, at_least=3):
     v = video(url, video_id)
     return v if v["status"] == "in_progress" and v["progress"] >= at_least else None
@@ -90,8 +100,7 @@ def test_killed_worker_job_reruns_on_restart_and_api_restart_loses_nothing(celer
         assert {long_id, queued_id} <= listed
 
         replacement = Worker(data, "wan-tiny", env, "replacement").start()
-        final = wait_until(lambda: (v := video(server.url, long_id))["status"] in ("completed", "failed") and v,
-                           what="the rerun")
+        final = finished(server.url, long_id, "the rerun")
         assert final["status"] == "completed" and final["attempts"] == 2
         assert wait_until(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
     finally:
@@ -107,11 +116,8 @@ def test_embedded_server_killed_mid_job_recovers_it_on_restart(tmp_path):
     try:
         long_id = submit(server.url, **LONG)
         queued_id = submit(server.url, **TINY)
-        wait_until(lambda: running_with_progress(server.url, long_id), what="the long job to run")
-        server.kill()
-        server = Server(data, env=FAST_LEASE).start()
-        final = wait_until(lambda: (v := video(server.url, long_id))["status"] in ("completed", "failed") and v,
-                           what="the recovered job")
+        server = kill_mid_job_and_restart(server, long_id, "the long job to run")
+        final = finished(server.url, long_id, "the recovered job")
         assert final["status"] == "completed" and final["attempts"] == 2
         assert wait_until(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
     finally:
@@ -124,11 +130,8 @@ def test_a_job_that_keeps_killing_its_worker_fails_instead_of_looping(tmp_path):
     try:
         long_id = submit(server.url, **LONG)
         for attempt in (1, 2):
-            wait_until(lambda: running_with_progress(server.url, long_id), what=f"attempt {attempt}")
-            server.kill()
-            server = Server(data, env=FAST_LEASE).start()
-        final = wait_until(lambda: (v := video(server.url, long_id))["status"] in ("completed", "failed") and v,
-                           what="the final state")
+            server = kill_mid_job_and_restart(server, long_id, f"attempt {attempt}")
+        final = finished(server.url, long_id, "the final state")
         assert final["status"] == "failed" and final["attempts"] == 2
         assert final["error"]["code"] == "worker_lost"
     finally:
