@@ -1,6 +1,7 @@
 """Top-k block-sparse attention vs dense SDPA on this machine's CPU (issue 4).
 
-For L in {4096, 8192, 16384} tokens (grids 4x32x32, 8x32x32, 16x32x32), B=1, 12 heads,
+For L in {4096, 8192, 16384} tokens (grids 4x32x32, 8x32x32, 16x32x32; optionally the
+Wan 480p grid 21x30x52, L=32760, whose edge tiles are partial), B=1, 12 heads,
 head_dim 128, fp32 and bf16: dense SDPA time, sparse time (tiling, selection, attention
 and the permutation back all included), speedup, and the sparse output's cosine
 similarity and relative L2 error vs dense. Inputs have video-like locality
@@ -14,7 +15,7 @@ Two columns say how much to trust a row:
   cpu    CPU time of this process / (wall time * threads) while timing; well below 1.0
          means another process competed for the cores and the timings are suspect.
 
-    python benchmarks/attention.py [--quick] [--lengths 8192 ...] [--density 0.125] [--tile 4x4x4]
+    python benchmarks/attention.py [--quick] [--lengths 8192 32760 ...] [--density 0.125] [--tile 4x4x4]
         [--query-tile 4x8x4] [--neighbours 0] [--sink] [--repeats 5] [--json PATH]
 
 Without options it measures sparse_attention's defaults (the other options are for ablations).
@@ -41,7 +42,8 @@ from vidserve.kernels.selection import select_key_tiles
 from vidserve.kernels.synthetic import video_like_qkv
 from vidserve.kernels.tiles import tile_layout
 
-GRIDS = {4096: (4, 32, 32), 8192: (8, 32, 32), 16384: (16, 32, 32)}
+GRIDS = {4096: (4, 32, 32), 8192: (8, 32, 32), 16384: (16, 32, 32), 32760: (21, 30, 52)}
+DEFAULT_LENGTHS = (4096, 8192, 16384)  # 32760 (Wan 480p, 5 s; partial edge tiles) on request
 QUICK_LENGTHS = (4096, 8192)
 HEADS, HEAD_DIM = 12, 128
 MASS_SAMPLE_QUERIES = 256
@@ -125,7 +127,7 @@ def triple(text: str) -> tuple[int, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"L in {QUICK_LENGTHS} and 3 repeats (under a minute)")
-    parser.add_argument("--lengths", type=int, nargs="+", choices=tuple(GRIDS), default=tuple(GRIDS))
+    parser.add_argument("--lengths", type=int, nargs="+", choices=tuple(GRIDS), default=DEFAULT_LENGTHS)
     parser.add_argument("--density", type=float, default=0.125)
     parser.add_argument("--tile", type=triple, default=(4, 4, 4), help="key tile, e.g. 4x4x4")
     parser.add_argument("--query-tile", type=triple, default=None, help="default: sparse_attention's")

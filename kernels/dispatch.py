@@ -8,12 +8,13 @@
 
 Queries and keys are tiled differently. Keys use `tile` (64 tokens by default). Queries use
 `query_tile`, by default `tile` with its height doubled (128 tokens): all queries of a
-query tile share one selection, and on a CPU, twice as many queries per gathered key block
-halves the gather work and gives the matmuls a better shape (sparse attention at density
-0.125 runs 10-30% faster than with 64-token query tiles), for a fidelity cost of about
-0.001 in cosine similarity on locality-structured inputs (benchmarks/RESULTS.md). Height
-rather than width is doubled because Wan latent widths (52 at 480p) are not multiples of 8
-while the tile-padded heights (30 -> 32) are, so no extra padding is computed.
+query tile share one selection. Twice as many queries per gathered key block halves the
+gather work and gives the matmuls a better shape: on the reference CPU at density 0.125,
+sparse attention runs 4-7% faster in fp32 and 8-25% faster in bf16 than with 64-token
+query tiles, for 0.0005-0.0006 less cosine similarity to dense (benchmarks/RESULTS.md).
+On a GPU, 128 query rows per program is also the usual flash-attention block. Height rather
+than width is doubled because Wan latent widths (52 at 480p) are not multiples of 8 while
+the tile-padded heights (30 -> 32) are, so no extra padding is computed.
 """
 
 from __future__ import annotations
@@ -57,7 +58,12 @@ def sparse_attention(
         >= 1.0 is exact dense attention.
     tile: key tile shape in tokens (tf, th, tw); any grid size works, edge tiles are padded.
     neighbours: also always keep the key tiles within this many tiles (on every axis) of
-        the query tile; 0 keeps only the key tiles the query tile itself covers.
+        the query tile; 0 (default) keeps only the key tiles the query tile itself covers.
+        Default 0 because a radius-1 neighbourhood (up to 27-36 key tiles) outgrows the
+        whole budget at density 0.125 up to L=16k (16-32 tiles), so it raises the cost
+        (1.4-1.6x at L=8192, where it forces 24 tiles) for about the fidelity that spending the
+        same larger budget by score gives (benchmarks/RESULTS.md); top-k keeps the
+        neighbours that matter anyway, since they score high when content is local.
     sink: also always keep the key tiles of the first frame.
     backend: "triton" (CUDA), "torch", "reference" (masked dense, slow) or None: triton on
         CUDA when installed, torch otherwise.

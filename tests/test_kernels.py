@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -56,16 +57,16 @@ def sparse_inputs(q, k, v, grid, tile, query_tile, density=0.3, neighbours=0, si
 
 @pytest.mark.parametrize("grid, tile, query_tile", LAYOUT_CASES)
 def test_tiles_round_trip_and_real_tokens_first(grid, tile, query_tile):
-    layout = tile_layout(grid, tile)
-    x = torch.randn(2, 3, math.prod(grid), 8)
-    tiled = layout.to_tiles(x)
-    assert tiled.shape == (2, 3, layout.n_tiles, layout.tile_size, 8)
-    assert torch.equal(layout.from_tiles(tiled), x)
-    assert int(layout.counts.sum()) == math.prod(grid)
-    slot = torch.arange(layout.tile_size)
-    is_real = slot[None] < layout.counts[:, None]
-    assert (tiled[:, :, ~is_real] == 0).all(), "padded slots must be zero"
-    assert (tiled[:, :, is_real] != 0).all(), "a tile's first `count` slots must be its real tokens"
+    x = 1 + torch.rand(2, 3, math.prod(grid), 8)  # never 0, unlike padding
+    for shape in (tile, query_tile):
+        layout = tile_layout(grid, shape)
+        tiled = layout.to_tiles(x)
+        assert tiled.shape == (2, 3, layout.n_tiles, layout.tile_size, 8)
+        assert torch.equal(layout.from_tiles(tiled), x)
+        assert int(layout.counts.sum()) == math.prod(grid)
+        is_real = torch.arange(layout.tile_size)[None] < layout.counts[:, None]
+        assert (tiled[:, :, ~is_real] == 0).all(), "padded slots must be zero"
+        assert (tiled[:, :, is_real] != 0).all(), "a tile's first `count` slots must be its real tokens"
 
 
 def test_tile_holds_its_box_of_tokens():
@@ -164,9 +165,17 @@ def test_torch_path_chunking_does_not_change_the_result():
     grid, tile, query_tile = (3, 5, 7), (2, 2, 2), (2, 4, 2)
     q, k, v = random_qkv(grid)
     _, k_layout, q_tiles, k_tiles, v_tiles, selection = sparse_inputs(q, k, v, grid, tile, query_tile)
+    threads = torch.get_num_threads()
     one_chunk = block_sparse_attention_torch(q_tiles, k_tiles, v_tiles, selection, k_layout, chunk_bytes=1 << 30)
+    # One query tile per chunk, spread over worker threads when there are several.
     small_chunks = block_sparse_attention_torch(q_tiles, k_tiles, v_tiles, selection, k_layout, chunk_bytes=1)
     assert (one_chunk - small_chunks).abs().max() <= 1e-6
+    assert torch.get_num_threads() == threads, "the worker threads' setting must not leak"
+    seen = []
+    later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    later.start()
+    later.join()
+    assert seen == [threads], "nor reach threads started later"
 
 
 @pytest.mark.parametrize("grid, tile, query_tile", LAYOUT_CASES)
