@@ -9,7 +9,7 @@ Budget: the always-kept tiles count toward the budget. A query tile keeps
 `max(ceil(density * n_key_tiles), n_always_kept)` tiles: the always-kept ones first, the
 rest of the budget by score. So the cost is `density` unless the always-kept set alone is
 larger, and every query tile keeps the same number of tiles, which lets the CPU path batch
-all query tiles with one gather.
+query tiles into one gather and one matmul per chunk.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from .tiles import TileLayout, tile_layout
 @dataclass(frozen=True)
 class TileSelection:
     key_tiles: torch.Tensor  # [B, heads, n_query_tiles, max_kept] int64 key-tile ids, ascending
-    counts: torch.Tensor  # [B, heads, n_query_tiles] int32, valid entries of each key_tiles row
+    # [B, heads, n_query_tiles] int32, >= 1: valid entries of each key_tiles row. Kernels ignore
+    # the entries past it (which must still be valid ids). select_key_tiles fills every row.
+    counts: torch.Tensor
 
     @property
     def max_kept(self) -> int:

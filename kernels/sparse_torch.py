@@ -76,11 +76,16 @@ def block_sparse_attention_torch(
         with claim:
             return next(starts, None)
 
+    # Autograd and inference mode are thread-local: the workers take the caller's, so
+    # inference tensors (a pipeline runs under torch.inference_mode) can be written.
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
     def worker():
         # Sets this thread's OpenMP/MKL thread count (thread-local), and also the default
         # for threads created later, which the caller restores below.
         torch.set_num_threads(1)
-        attend.run(iter(next_start, None), chunk)
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            attend.run(iter(next_start, None), chunk)
 
     try:
         with ThreadPoolExecutor(threads) as pool:

@@ -290,7 +290,9 @@ def triton_interpreter_errors() -> list[dict]:
             q_layout, k_layout, *_, selection = sparse_inputs(
                 *inputs, grid, tile, query_tile, density=0.3, neighbours=neighbours, sink=sink
             )
-            results.append(dict(case=case, check=name, error=error_vs_reference(*inputs, q_layout, k_layout, selection)))
+            error = error_vs_reference(*inputs, q_layout, k_layout, selection)
+            results.append(dict(case=case, check=name, error=error))
+        # `selection` is the fp16 one from the last pass of the loop.
         error = error_vs_reference(*half, q_layout, k_layout, ragged(selection, seed=case))
         results.append(dict(case=case, check="fp16 ragged", error=error))
         dense = sparse_attention(q, k, v, grid, density=1.0, tile=tile, query_tile=query_tile, backend="triton")
@@ -323,3 +325,20 @@ def test_triton_kernel_matches_reference_in_interpreter(triton_errors, case, che
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     print(json.dumps(triton_interpreter_errors()))
+
+
+def test_cpu_workers_run_under_the_callers_inference_mode():
+    # Pipelines call attention under torch.inference_mode; the CPU path's worker threads must
+    # be able to write its inference tensors (regression: they ran outside inference mode).
+    grid = (8, 32, 32)  # big enough that the work is split into many chunks over 2 threads
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8 * 32 * 32, 128, generator=generator) for _ in range(3))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = sparse_attention(q, k, v, grid, density=0.25, backend="torch")
+        with torch.inference_mode():
+            got = sparse_attention(q, k, v, grid, density=0.25, backend="torch")
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.allclose(got, expected)
