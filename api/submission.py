@@ -7,10 +7,8 @@ import io
 import tempfile
 from pathlib import Path
 
-from PIL import Image
-
 from vidserve.jobs import Job, JobStatus
-from vidserve.media import load_image, read_video
+from vidserve.media import last_frame, load_image, read_video
 from vidserve.registry import ModelSpec, resolve
 from vidserve.requests import GenerationRequest, build_request
 
@@ -60,7 +58,7 @@ def submit_extension(svc: Services, body: VideoExtend, upload: bytes | None) -> 
     options["guidance"] = options["guidance"] if options["guidance"] is not None else guidance
     height, width = frames.shape[1:3]
     request = build_request(spec, svc.settings, body.prompt, size=f"{width}x{height}", seconds=body.seconds,
-                            fps=round(fps), image=Image.fromarray(frames[-1]), continuing=True, **options)
+                            fps=round(fps), image=last_frame(frames), continuing=True, **options)
     total = len(frames) + request.num_frames
     job = _job(svc, spec, body, request, f"{(total - 1) / request.fps:g}", source_frames=len(frames),
                extends_video_id=body.video.id if body.video else None)

@@ -78,10 +78,9 @@ def _from_pretrained(source: str, spec: ModelSpec, dtype: torch.dtype) -> Diffus
 class VideoPipeline:
     """One resident model, ready to serve requests one at a time."""
 
-    def __init__(self, spec: ModelSpec, pipe: DiffusionPipeline, device: torch.device, load_seconds: float = 0.0):
+    def __init__(self, spec: ModelSpec, pipe: DiffusionPipeline, device: torch.device):
         self.spec = spec
         self.device = device
-        self.load_seconds = load_seconds
         pipe.set_progress_bar_config(disable=True)
         self.text_pipe = pipe if isinstance(pipe, WanPipeline) else None
         self.image_pipe = pipe if isinstance(pipe, WanImageToVideoPipeline) else None
@@ -98,17 +97,11 @@ class VideoPipeline:
 
     @classmethod
     def load(cls, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> "VideoPipeline":
-        start = time.perf_counter()
-        pipe = _load_diffusers(spec, dtype).to(device)
-        return cls(spec, pipe, device, time.perf_counter() - start)
-
-    @property
-    def diffusers_pipeline(self) -> DiffusionPipeline:
-        return self.text_pipe or self.image_pipe
+        return cls(spec, _load_diffusers(spec, dtype).to(device), device)
 
     def save(self, folder: str) -> None:
         """Write the model as an ordinary diffusers folder that `--model FOLDER` loads."""
-        self.diffusers_pipeline.save_pretrained(folder, safe_serialization=True)
+        (self.text_pipe or self.image_pipe).save_pretrained(folder, safe_serialization=True)
         (Path(folder) / SERVING_FILE).write_text(json.dumps({"base": self.spec.name}, indent=2) + "\n")
 
     def generate(self, request: GenerationRequest, on_step: StepCallback | None = None) -> GenerationResult:

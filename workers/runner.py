@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from vidserve import jobs
 from vidserve.config import Settings
 from vidserve.errors import JobCancelled
 from vidserve.jobs import InvalidTransition, Job, JobStatus, JobStore
 from vidserve.drift import DriftMetrics
-from vidserve.media import encode_mp4, load_image, read_video, save_thumbnail
+from vidserve.media import encode_mp4, last_frame, load_image, read_video, save_thumbnail
 from vidserve.options import AttentionOptions
 from vidserve.requests import GenerationRequest
 from vidserve.storage import Storage
@@ -95,7 +94,7 @@ class JobRunner:
         if job.input_image_key:
             image = load_image(self.storage.path(job.input_image_key), self.settings.max_image_pixels)
         elif source is not None:
-            image = Image.fromarray(source[-1])
+            image = last_frame(source)
         return GenerationRequest(
             model=job.model, prompt=job.prompt, negative_prompt=p.get("negative_prompt", ""), image=image,
             width=p["width"], height=p["height"], num_frames=p["num_frames"], fps=p["fps"], steps=p["steps"],
