@@ -33,3 +33,21 @@ class AttentionOptions(BaseModel):
         if any(not 1 <= t <= 16 for t in tile):
             raise ValueError("tile sizes must be between 1 and 16 tokens")
         return tile
+
+
+class RepetitionOptions(BaseModel):
+    """Loop detection for the LLM path: stop a generation that has collapsed into repeating itself.
+
+    Collapse ("S S S S ...") usually comes from a software or kernel fault, not the
+    weights, and at any temperature; a production endpoint cuts it short instead of
+    burning the whole token budget. Characters that legitimately repeat (table rules,
+    indentation) are exempt.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    token_repeats: int = Field(4, ge=2, le=1000, description="Stop once one token occurs this many times in a row.")
+    ngram_max: int = Field(8, ge=0, le=64, description="Longest repeating pattern checked, in tokens (0: none).")
+    ngram_repeats: int = Field(4, ge=2, le=100, description="Stop once a 2..ngram_max token pattern repeats this often.")
+    exempt: str = Field(" \t\r\n-=|_*~#.", description="Tokens made only of these characters may repeat.")
