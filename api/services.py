@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import Request
 
@@ -32,12 +32,17 @@ class Services:
     queue: JobQueue
     metrics: Metrics
     webhooks: WebhookSender
+    chat: Any = None  # the LLM engine (pipelines.llm.engine.LLMEngine), or None when chat is off
 
     def start(self) -> None:
+        if self.chat is not None:
+            self.chat.start()
         self.queue.start()
 
     def stop(self) -> None:
         self.queue.stop()
+        if self.chat is not None:
+            self.chat.stop()
         self.webhooks.close(timeout=5)
         self.store.close()
 
@@ -52,6 +57,7 @@ def build_services(settings: Settings) -> Services:
     storage = LocalStorage(settings.data_dir / "files")
     metrics = Metrics()
     webhooks = WebhookSender(load_or_create_secret(settings))
+    chat = build_chat_engine(settings, metrics)
     if settings.queue == "celery":
         from vidserve.jobstore_redis import RedisJobStore
         from vidserve.workers.celery_app import CeleryQueue
@@ -67,4 +73,17 @@ def build_services(settings: Settings) -> Services:
         runner = JobRunner(settings, store, storage, metrics, webhooks, worker_id=f"embedded-{secrets.token_hex(4)}")
         queue = EmbeddedQueue(store, runner)
     metrics.watch(store)
-    return Services(settings, store, storage, queue, metrics, webhooks)
+    return Services(settings, store, storage, queue, metrics, webhooks, chat)
+
+
+def build_chat_engine(settings: Settings, metrics: Metrics):
+    """The resident LLM engine the chat API (and, embedded, the video path) shares; None if chat is off."""
+    if not settings.chat_model:
+        return None
+    from vidserve.pipelines.llm.engine import LLMEngine
+    from vidserve.pipelines.llm.model import ChatModel
+    from vidserve.registry import resolve_chat
+
+    model = ChatModel.load(resolve_chat(settings.chat_model), settings.device, settings.dtype)
+    return LLMEngine(model, max_running=settings.chat_max_running, max_waiting=settings.chat_max_waiting,
+                     metrics=metrics.chat)

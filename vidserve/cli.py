@@ -22,7 +22,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    overrides = {k: v for k in ("device", "dtype", "data_dir", "queue", "redis_url") if (v := getattr(args, k, None)) is not None}
+    names = ("device", "dtype", "data_dir", "queue", "redis_url", "chat_model", "chat_url")
+    overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     return get_settings().model_copy(update=overrides)
 
 
@@ -192,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve a non-loopback address without API keys")
     serve.add_argument("--device", help="auto, cpu, cuda, cuda:N (embedded queue)")
     serve.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    serve.add_argument("--chat-model", help="chat model: name, hub id or folder; '' for none (default vlm-tiny)")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)
 
@@ -202,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     worker.add_argument("--dtype", help="auto, float32, bfloat16, float16")
     worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
+    worker.add_argument("--chat-url", help="chat endpoint for prompt_extend / caption_chain, e.g. http://api:8000/v1")
     worker.set_defaults(func=cmd_worker)
 
     models = sub.add_parser("models", help="list the model registry")

@@ -31,6 +31,16 @@ class Settings(BaseSettings):
     attention: AttentionOptions = Field(AttentionOptions(), description="Default attention; JSON, e.g. "
                                         '{"mode": "topk", "density": 0.125}. Requests may override it.')
 
+    # The LLM / vision chat path.
+    chat_model: str = Field("vlm-tiny", description="Model for /v1/chat/completions and prompt extension "
+                            "(a name, hub id or local folder); empty: no chat.")
+    chat_max_running: int = Field(16, gt=0, description="Sequences decoded together (continuous batching).")
+    chat_max_waiting: int = Field(64, ge=0, description="Chat requests waiting for a slot past which new ones get 429.")
+    chat_max_tokens: int = Field(4096, gt=0, description="Most tokens one answer may generate.")
+    chat_remote_images: bool = Field(False, description="Fetch http(s) image URLs (never private or loopback hosts).")
+    chat_url: str | None = Field(None, description="Chat endpoint distributed workers call for prompt extension "
+                                 "and captions, e.g. http://api-host:8000/v1; embedded mode calls in-process.")
+
     # Queue and crash safety.
     queue: str = Field("embedded", pattern="^(embedded|celery)$", description="embedded (in-process) or celery.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Broker and job store for --queue celery.")

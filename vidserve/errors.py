@@ -20,9 +20,9 @@ class InvalidRequest(VidserveError):
 
 
 class UnknownModel(InvalidRequest):
-    def __init__(self, name: str, known: list[str]):
+    def __init__(self, name: str, known: list[str], folder: str = "a local diffusers folder"):
         super().__init__(
-            f"unknown model {name!r}; known models: {', '.join(known)} (or a local diffusers folder)",
+            f"unknown model {name!r}; known models: {', '.join(known)} (or {folder})",
             param="model",
             code="model_not_found",
         )
@@ -30,3 +30,7 @@ class UnknownModel(InvalidRequest):
 
 class JobCancelled(VidserveError):
     """Raised from the denoising-step callback when a job's cancel flag is set."""
+
+
+class EngineOverloaded(VidserveError):
+    """More chat requests are waiting than the LLM engine accepts; retry later (HTTP 429)."""

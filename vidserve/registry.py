@@ -145,3 +145,41 @@ def spec_from_folder(path: Path) -> ModelSpec:
         continues_with=str(path) if kind in ("i2v", "ti2v") else base.continues_with,
         description=f"local folder ({pipeline_class})",
     )
+
+
+@dataclass(frozen=True)
+class ChatModelSpec:
+    """A model for the LLM path: a vision-language model (encoder + projector + decoder) or a text-only one."""
+
+    name: str
+    source: str  # hub id, local folder, or "builtin"
+    vision: bool
+    description: str = ""
+
+    @property
+    def builtin(self) -> bool:
+        return self.source == "builtin"
+
+
+CHAT_MODELS: dict[str, ChatModelSpec] = {
+    spec.name: spec
+    for spec in [
+        ChatModelSpec("vlm-tiny", "builtin", True,
+                      "Random-weight LLaVA-style model (CLIP tower, MLP projector, Llama decoder), built in code"),
+        ChatModelSpec("llava-1.5-7b", "llava-hf/llava-1.5-7b-hf", True, "LLaVA-1.5 7B"),
+        ChatModelSpec("llava-v1.6-mistral-7b", "llava-hf/llava-v1.6-mistral-7b-hf", True, "LLaVA-NeXT Mistral 7B"),
+        ChatModelSpec("Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", False, "Qwen2.5 0.5B, text only"),
+    ]
+}
+
+
+def resolve_chat(name: str) -> ChatModelSpec:
+    """A registry name, or a local transformers folder (vision if its config has a vision tower)."""
+    if name in CHAT_MODELS:
+        return CHAT_MODELS[name]
+    path = Path(name).expanduser()
+    if path.is_dir():
+        config = _read_json(path / "config.json")
+        return ChatModelSpec(str(path), str(path), "vision_config" in config,
+                             f"local folder ({', '.join(config.get('architectures', []))})")
+    raise UnknownModel(name, list(CHAT_MODELS), "a local transformers folder")

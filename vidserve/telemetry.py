@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from prometheus_client import CollectorRegistry, Histogram
+import time
+
+from prometheus_client import CollectorRegistry, Counter as CounterMetric, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from vidserve.jobs import JobStatus, JobStore
@@ -25,8 +27,44 @@ class Metrics:
         self.step_time = Histogram("vidserve_denoise_step_seconds", "Seconds per denoising step.", ["model"],
                                    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=self.registry)
 
+        self.chat = ChatMetrics(self.registry)
+
     def watch(self, store: JobStore) -> None:
         self.registry.register(_StoreCollector(store))
+
+
+class ChatMetrics:
+    """The LLM path's latency vocabulary: time to first token, inter-token latency, end to end."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        fast = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+        self.ttft = Histogram("vidserve_chat_time_to_first_token_seconds", "Arrival to first generated token.",
+                              buckets=fast + (5, 10, 30), registry=registry)
+        self.itl = Histogram("vidserve_chat_inter_token_latency_seconds", "Time between a sequence's tokens.",
+                             buckets=fast, registry=registry)
+        self.e2e = Histogram("vidserve_chat_request_seconds", "Arrival to last token, by finish reason.",
+                             ["finish_reason"], buckets=_SECONDS, registry=registry)
+        self.prompt_tokens = CounterMetric("vidserve_chat_prompt_tokens", "Prompt tokens prefilled.",
+                                           registry=registry)
+        self.generation_tokens = CounterMetric("vidserve_chat_generation_tokens", "Tokens generated.",
+                                               registry=registry)
+        self.running = Gauge("vidserve_chat_running", "Sequences in the decode batch.", registry=registry)
+        self.waiting = Gauge("vidserve_chat_waiting", "Sequences waiting for a batch slot.", registry=registry)
+
+    def token(self, seq) -> None:
+        if seq.previous_token_at is None:
+            self.ttft.observe(seq.first_token_at - seq.arrival)
+        else:
+            self.itl.observe(seq.last_token_at - seq.previous_token_at)
+
+    def finished(self, seq) -> None:
+        self.e2e.labels(seq.finish_reason or "unknown").observe(time.perf_counter() - seq.arrival)
+        self.prompt_tokens.inc(seq.prompt_len)
+        self.generation_tokens.inc(len(seq.output_ids))
+
+    def load(self, running: int, waiting: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
 
 
 class _StoreCollector:

@@ -1,6 +1,6 @@
 """/v1/models: what this server can run, OpenAI-shaped, with the serving facts beside."""
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from vidserve.registry import MODELS
 
@@ -15,6 +15,16 @@ def _model(spec) -> dict:
             "source": spec.source, "description": spec.description}
 
 
+def _chat_model(spec) -> dict:
+    return {"id": spec.name, "object": "model", "created": 0, "owned_by": "vidserve", "kind": "chat",
+            "vision": spec.vision, "source": spec.source, "description": spec.description}
+
+
 @router.get("")
-async def list_models():
-    return {"object": "list", "data": [_model(spec) for spec in MODELS.values()]}
+async def list_models(request: Request):
+    """Video models this server can run, then the chat model it runs (if any)."""
+    data = [_model(spec) for spec in MODELS.values()]
+    engine = request.app.state.services.chat
+    if engine is not None:
+        data.append(_chat_model(engine.model.spec))
+    return {"object": "list", "data": data}

@@ -1,0 +1,91 @@
+"""The contract of /v1/chat/completions: OpenAI's request shape, plus vidserve's
+`repetition_detection` and `ignore_eos` (benchmarks). Unsupported OpenAI fields are
+rejected by name rather than silently ignored."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from vidserve.options import RepetitionOptions
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageURL(_Strict):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # e.g. `name`, `refusal` on replayed assistant turns
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[Part] | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class JSONSchema(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchema | None = None
+
+
+class ChatCompletionCreate(_Strict):
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: Literal[1] = 1
+    response_format: ResponseFormat | None = None
+    repetition_detection: bool | RepetitionOptions = True
+    ignore_eos: bool = False
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str] | None) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+    @property
+    def repetition(self) -> RepetitionOptions:
+        if isinstance(self.repetition_detection, bool):
+            return RepetitionOptions(enabled=self.repetition_detection)
+        return self.repetition_detection
+
+    def format_dict(self) -> dict | None:
+        return self.response_format.model_dump(by_alias=True, exclude_none=True) if self.response_format else None

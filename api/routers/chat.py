@@ -1,0 +1,135 @@
+"""/v1/chat/completions: OpenAI's Chat Completions on the LLM engine — images as
+`image_url` parts, streaming as `chat.completion.chunk` events, structured outputs,
+loop detection. Bad input is a 400 before anything reaches the model; a full engine
+is a 429; a client that goes away frees its batch slot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from vidserve.chat import to_model_messages
+from vidserve.errors import EngineOverloaded
+
+from ..auth import require_api_key
+from ..chat_schemas import ChatCompletionCreate
+from ..errors import APIError
+from ..services import Services, services
+
+router = APIRouter(prefix="/v1/chat/completions", tags=["chat"], dependencies=[Depends(require_api_key)])
+
+DISCONNECT_POLL_SECONDS = 0.5
+
+
+@router.post("")
+async def create_chat_completion(body: ChatCompletionCreate, request: Request, svc: Services = Depends(services)):
+    engine = svc.chat
+    if engine is None:
+        raise APIError(404, "this server runs no chat model (VIDSERVE_CHAT_MODEL is empty)", code="model_not_found")
+    name = engine.model.spec.name
+    if body.model not in (None, name):
+        raise APIError(404, f"chat model {body.model!r} is not served here; this server runs {name!r}",
+                       param="model", code="model_not_found")
+    prompt, params, grammar = await run_in_threadpool(_prepare, svc, body)
+    completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": name}
+    try:
+        outputs = engine.stream(prompt, params, grammar)
+        first = await anext(outputs)  # admission errors surface here, as an HTTP status
+    except EngineOverloaded as exc:
+        raise APIError(429, str(exc), code="engine_overloaded", headers={"Retry-After": "1"}) from None
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_events(completion, first, outputs, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await _complete(request, completion, first, outputs)
+
+
+def _prepare(svc: Services, body: ChatCompletionCreate):
+    """Decode images, apply the chat template, compile the grammar: everything that can reject a request."""
+    from vidserve.pipelines.llm.sequence import SamplingParams
+
+    engine, settings = svc.chat, svc.settings
+    messages, images = to_model_messages([m.model_dump() for m in body.messages],
+                                         max_pixels=settings.max_image_pixels, max_bytes=settings.max_upload_bytes,
+                                         remote_images=settings.chat_remote_images)
+    prompt = engine.model.encode(messages, images)
+    room = engine.model.max_context - len(prompt.token_ids)
+    if room < 1:
+        raise APIError(400, f"the prompt is {len(prompt.token_ids)} tokens; this model's context is "
+                       f"{engine.model.max_context}", param="messages", code="context_length_exceeded")
+    asked = body.max_completion_tokens or body.max_tokens
+    if asked is not None and asked > settings.chat_max_tokens:
+        raise APIError(400, f"max_tokens is {asked}; this server allows at most {settings.chat_max_tokens}",
+                       param="max_tokens")
+    params = SamplingParams(max_tokens=asked or min(room, settings.chat_max_tokens), temperature=body.temperature,
+                            top_p=body.top_p, seed=body.seed, stop=tuple(body.stop or ()),
+                            ignore_eos=body.ignore_eos, repetition=body.repetition)
+    return prompt, params, engine.grammars.compile(body.format_dict())
+
+
+async def _complete(request: Request, completion: dict, first, outputs) -> dict:
+    async def collect():
+        out, parts = first, [first.text]
+        while not out.finished:
+            out = await anext(outputs)
+            parts.append(out.text)
+        return "".join(parts), out
+
+    task = asyncio.create_task(collect())
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            await outputs.aclose()  # aborts the sequence: its slot goes to the next request
+            raise APIError(499, "client disconnected")
+    text, last = task.result()
+    _raise_if_failed(last)
+    return {**completion, "object": "chat.completion", "system_fingerprint": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                         "logprobs": None, "finish_reason": last.finish_reason, "stop_reason": last.stop_reason}],
+            "usage": _usage(last)}
+
+
+async def _events(completion: dict, first, outputs, include_usage: bool):
+    def chunk(delta: dict, finish_reason=None, stop_reason=None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if finish_reason:
+            choice["stop_reason"] = stop_reason
+        body = {**completion, "object": "chat.completion.chunk", "choices": [choice]}
+        if include_usage:
+            body["usage"] = None
+        return f"data: {json.dumps(body)}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    out = first
+    while True:
+        if out.finish_reason == "error":
+            error = {"message": f"generation failed: {out.error}", "type": "server_error", "param": None,
+                     "code": "generation_failed"}
+            yield f"data: {json.dumps({'error': error})}\n\n"
+            break
+        if out.text:
+            yield chunk({"content": out.text})
+        if out.finished:
+            yield chunk({}, out.finish_reason, out.stop_reason)
+            if include_usage:
+                yield f"data: {json.dumps({**completion, 'object': 'chat.completion.chunk', 'choices': [], 'usage': _usage(out)})}\n\n"
+            break
+        out = await anext(outputs)
+    yield "data: [DONE]\n\n"
+
+
+def _usage(out) -> dict:
+    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+            "total_tokens": out.prompt_tokens + out.completion_tokens}
+
+
+def _raise_if_failed(out) -> None:
+    if out.finish_reason == "error":
+        raise APIError(500, f"generation failed: {out.error}", code="generation_failed")

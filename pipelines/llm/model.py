@@ -1,0 +1,157 @@
+"""The model layer of the LLM path: a transformers checkpoint behind three calls.
+
+`encode` turns chat messages (and their images) into prompt token ids with the model's
+own processor and chat template; `prompt_embeddings` embeds them, running the vision
+encoder + projector only for images it has not seen (features are cached by content
+hash, and text-only prompts never touch the encoder); `forward` runs the decoder over a
+batch with a KV cache and returns the last position's logits.
+
+Vision-language checkpoints load with `AutoModelForImageTextToText` + `AutoProcessor`
+(LLaVA-1.5, LLaVA-NeXT and other models whose image features replace placeholder
+tokens one for one); text-only ones with `AutoModelForCausalLM` + `AutoTokenizer`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import tempfile
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    DynamicCache,
+)
+
+from vidserve.chat import ChatImage
+from vidserve.errors import InvalidRequest
+from vidserve.registry import ChatModelSpec
+
+from ..video import resolve_device, resolve_dtype
+from .tiny import build_tiny_vlm
+
+
+@dataclass
+class Prompt:
+    token_ids: list[int]
+    images: list[ChatImage] = field(default_factory=list)
+
+
+class ChatModel:
+    def __init__(self, spec: ChatModelSpec, model, processor, device: torch.device, feature_cache_size: int = 64):
+        self.spec = spec
+        self.model = model
+        self.processor = processor  # an AutoProcessor for vision models, the tokenizer otherwise
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.device = device
+        config = model.config
+        self.vision = hasattr(config, "vision_config")
+        self.image_token_id = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
+        text_config = config.get_text_config(decoder=True)
+        self.vocab_size = text_config.vocab_size
+        self.max_context = int(getattr(text_config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.eos_ids = frozenset(eos + ([self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []))
+        self._features: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._feature_cache_size = feature_cache_size
+        self._lock = threading.Lock()
+        self.vision_calls = 0  # images encoded: the feature cache's misses
+
+    @classmethod
+    def load(cls, spec: ChatModelSpec, device: str = "auto", dtype: str = "auto") -> "ChatModel":
+        torch_device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, torch_device)
+        if spec.builtin:
+            # Built-in models take the checkpoint path too, so an exported folder is identical.
+            with tempfile.TemporaryDirectory(prefix=f"vidserve-{spec.name}-") as folder:
+                model, processor = build_tiny_vlm()
+                model.save_pretrained(folder)
+                processor.save_pretrained(folder)
+                return cls._from_pretrained(spec, folder, torch_device, torch_dtype)
+        return cls._from_pretrained(spec, spec.source, torch_device, torch_dtype)
+
+    @classmethod
+    def _from_pretrained(cls, spec, source: str, device: torch.device, dtype: torch.dtype) -> "ChatModel":
+        if spec.vision:
+            model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype)
+            processor = AutoProcessor.from_pretrained(source)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            processor = AutoTokenizer.from_pretrained(source)
+        return cls(spec, model.to(device).eval(), processor, device)
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def encode(self, messages: list[dict], images: list[ChatImage]) -> Prompt:
+        """Messages in transformers' chat shape; each {"type": "image"} part takes the next image."""
+        if images and not self.vision:
+            raise InvalidRequest(f"model {self.spec.name!r} does not accept images", param="messages",
+                                 code="images_not_supported")
+        if not self.vision:
+            messages = [{**m, "content": _text_of(m["content"])} for m in messages]
+        try:
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # templates raise on what their model can't take (roles, order)
+            raise InvalidRequest(f"the chat template of {self.spec.name!r} rejected the messages: {exc}",
+                                 param="messages") from exc
+        if images:
+            encoded = self.processor(text=text, images=[i.image for i in images], add_special_tokens=False)
+        else:
+            encoded = self.tokenizer(text, add_special_tokens=False)
+        return Prompt(token_ids=list(encoded["input_ids"][0] if images else encoded["input_ids"]), images=images)
+
+    @torch.inference_mode()
+    def prompt_embeddings(self, prompt: Prompt) -> torch.Tensor:
+        """[tokens, hidden]: token embeddings with image features at the image placeholders."""
+        ids = torch.tensor(prompt.token_ids, device=self.device)
+        embeds = self.model.get_input_embeddings()(ids)
+        if prompt.images:
+            features = torch.cat([self._image_features(image) for image in prompt.images]).to(embeds.dtype)
+            slots = ids == self.image_token_id
+            if int(slots.sum()) != features.shape[0]:
+                raise InvalidRequest(f"the images gave {features.shape[0]} features for {int(slots.sum())} "
+                                     "image placeholders in the prompt", param="messages")
+            embeds[slots] = features
+        return embeds
+
+    def _image_features(self, image: ChatImage) -> torch.Tensor:
+        with self._lock:
+            if image.digest in self._features:
+                self._features.move_to_end(image.digest)
+                return self._features[image.digest]
+        pixels = self.processor.image_processor(images=[image.image], return_tensors="pt")
+        accepted = inspect.signature(self.model.get_image_features).parameters
+        kwargs = {k: v.to(self.device) for k, v in pixels.items() if k in accepted}
+        kwargs["pixel_values"] = kwargs["pixel_values"].to(self.model.dtype)
+        out = self.model.get_image_features(**kwargs)
+        features = getattr(out, "pooler_output", out)
+        features = torch.cat(list(features)) if isinstance(features, (list, tuple)) else features.flatten(0, -2)
+        with self._lock:
+            self.vision_calls += 1
+            self._features[image.digest] = features
+            while len(self._features) > self._feature_cache_size:
+                self._features.popitem(last=False)
+        return features
+
+    # -- decoding --------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, cache: DynamicCache, attention_mask: torch.Tensor, position_ids: torch.Tensor, *,
+                input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, vocab] of the last position; `cache` grows by the new tokens."""
+        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float()
+
+
+def _text_of(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content)
+

@@ -1,0 +1,149 @@
+"""One request's life in the engine: its prompt, sampling parameters, generated tokens,
+text so far, and why it stopped."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable
+
+import torch
+
+from vidserve.options import RepetitionOptions
+
+from .model import Prompt
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None  # the same seed, prompt and parameters give the same tokens
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # benchmarks: every request generates exactly max_tokens
+    repetition: RepetitionOptions = field(default_factory=RepetitionOptions)
+
+
+@dataclass(frozen=True)
+class Output:
+    """What the caller gets after each step that produced text, and once at the end."""
+
+    text: str  # new text since the last output
+    finished: bool
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None = None  # stop | length | abort | error
+    stop_reason: str | None = None  # the stop string matched, or "repetition"
+    error: str | None = None  # set with finish_reason "error": the engine failed this sequence
+
+
+class Status(Enum):
+    waiting = "waiting"
+    running = "running"
+    finished = "finished"
+
+
+class Sequence:
+    def __init__(self, prompt: Prompt, params: SamplingParams, tokenizer, eos_ids: frozenset[int], *,
+                 device: torch.device | str = "cpu", detector=None, matcher=None,
+                 on_output: Callable[[Output], None] = lambda _: None):
+        self.id = next(_ids)
+        self.prompt = prompt
+        self.params = params
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset() if params.ignore_eos else eos_ids
+        self.detector = detector  # RepetitionDetector or None
+        self.matcher = matcher  # grammar Matcher or None
+        self.on_output = on_output
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator(device=device).manual_seed(seed)  # on the logits' device
+        self.status = Status.waiting
+        self.output_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: str | None = None
+        self.aborted = False
+        self.arrival = time.perf_counter()
+        self.first_token_at: float | None = None  # perf_counter times, for latency metrics
+        self.previous_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self._text = ""
+        self._emitted = 0  # chars of _text already handed out
+        self._prefix_offset = self._read_offset = 0  # incremental detokenization window
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt.token_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.finished
+
+    def append(self, token: int) -> None:
+        """Take one sampled token and decide whether the sequence is done."""
+        self.previous_token_at, self.last_token_at = self.last_token_at, time.perf_counter()
+        self.first_token_at = self.first_token_at or self.last_token_at
+        self.output_ids.append(token)
+        if token in self.eos_ids:
+            return self._finish("stop")
+        if self.matcher is not None and not self.matcher.accept(token):
+            return self._finish("stop", "grammar")  # unreachable while the mask is applied; never loop on it
+        self._detokenize()
+        if self.matcher is not None and self.matcher.finished:
+            return self._finish("stop")
+        if self._hit_stop_string():
+            return
+        if self.detector is not None and self.detector.check(self.output_ids):
+            return self._finish("stop", "repetition")
+        if len(self.output_ids) >= self.params.max_tokens:
+            return self._finish("length")
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def _finish(self, reason: str, stop_reason: str | None = None) -> None:
+        if stop_reason is None or stop_reason not in self.params.stop:
+            self._detokenize(final=True)  # flush a held-back partial character
+        self.status = Status.finished
+        self.finish_reason, self.stop_reason = reason, stop_reason
+
+    def _detokenize(self, final: bool = False) -> None:
+        # Decode a short window: a token may be half of a UTF-8 character, and some
+        # tokenizers decode a token differently after a neighbour (leading spaces).
+        ids = self.output_ids
+        before = self.tokenizer.decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
+        after = self.tokenizer.decode(ids[self._prefix_offset:], skip_special_tokens=True)
+        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
+            self._text += after[len(before):]
+            self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+
+    def _hit_stop_string(self) -> bool:
+        longest = max((len(s) for s in self.params.stop), default=0)
+        window_start = max(0, self._emitted - longest)
+        for stop in self.params.stop:
+            at = self._text.find(stop, window_start)
+            if at != -1:
+                self._text = self._text[:at]
+                self._finish("stop", stop)
+                return True
+        return False
+
+    def take_output(self) -> Output | None:
+        """New text (held back while it could still be the start of a stop string)."""
+        end = len(self._text)
+        if not self.finished and self.params.stop:
+            end -= max(len(s) for s in self.params.stop) - 1
+        delta = self._text[self._emitted:max(end, self._emitted)]
+        if not delta and not self.finished:
+            return None
+        self._emitted += len(delta)
+        return Output(delta, self.finished, self.prompt_len, len(self.output_ids), self.finish_reason, self.stop_reason)

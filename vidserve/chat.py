@@ -1,0 +1,109 @@
+"""Chat messages from OpenAI's shape to a model's: text parts, and images decoded from
+`image_url` parts (data URLs always; http(s) only when the server allows it, and never
+from private, loopback or link-local addresses)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+from PIL import Image
+
+from vidserve.errors import InvalidRequest
+from vidserve.media import load_image
+
+
+@dataclass(frozen=True)
+class ChatImage:
+    image: Image.Image
+    digest: str  # content hash: the key of the model's image-feature cache
+
+    @classmethod
+    def from_bytes(cls, data: bytes, max_pixels: int) -> "ChatImage":
+        return cls(load_image(data, max_pixels), hashlib.sha256(data).hexdigest())
+
+
+def to_model_messages(messages: list[dict], *, max_pixels: int, max_bytes: int, remote_images: bool
+                      ) -> tuple[list[dict], list[ChatImage]]:
+    """OpenAI messages -> (transformers chat messages, their images in order)."""
+    converted, images = [], []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            converted.append({"role": message["role"], "content": content or ""})
+            continue
+        parts = []
+        for j, part in enumerate(content):
+            if part["type"] == "text":
+                parts.append({"type": "text", "text": part["text"]})
+                continue
+            param = f"messages[{i}].content[{j}].image_url"
+            data = _image_bytes(part["image_url"]["url"], param, max_bytes, remote_images)
+            try:
+                images.append(ChatImage.from_bytes(data, max_pixels))
+            except InvalidRequest as exc:
+                raise InvalidRequest(exc.message, param=param, code=exc.code) from None
+            parts.append({"type": "image"})
+        converted.append({"role": message["role"], "content": parts})
+    return converted, images
+
+
+def data_url(image: Image.Image) -> str:
+    """A PNG data URL, e.g. to send a video frame to a remote chat endpoint."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _image_bytes(url: str, param: str, max_bytes: int, remote_images: bool) -> bytes:
+    if url.startswith("data:"):
+        header, _, payload = url.partition(",")
+        if not header.endswith(";base64") or not payload:
+            raise InvalidRequest("an image data URL must look like data:image/png;base64,<data>", param=param)
+        if len(payload) * 3 // 4 > max_bytes:
+            raise InvalidRequest(f"the image is larger than the {max_bytes}-byte limit", param=param)
+        try:
+            return base64.b64decode(payload, validate=True)
+        except binascii.Error:
+            raise InvalidRequest("the image data URL is not valid base64", param=param) from None
+    scheme = urlsplit(url).scheme
+    if scheme not in ("http", "https"):
+        raise InvalidRequest("image_url must be a data: URL or an http(s) URL", param=param)
+    if not remote_images:
+        raise InvalidRequest("this server does not fetch image URLs; send the image as a data: URL "
+                             "(the operator can allow fetching with VIDSERVE_CHAT_REMOTE_IMAGES=1)", param=param,
+                             code="remote_images_disabled")
+    return _fetch_public(url, param, max_bytes)
+
+
+def _fetch_public(url: str, param: str, max_bytes: int) -> bytes:
+    host = urlsplit(url).hostname or ""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except socket.gaierror:
+        raise InvalidRequest(f"cannot resolve the image host {host!r}", param=param) from None
+    for address in addresses:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if not ip.is_global:  # private, loopback, link-local, reserved: the server's own network
+            raise InvalidRequest(f"image host {host!r} resolves to a non-public address", param=param,
+                                 code="image_url_forbidden")
+    try:
+        # No redirects: a public URL could otherwise bounce the fetch into the private network.
+        with httpx.stream("GET", url, timeout=10, follow_redirects=False) as response:
+            if response.status_code != 200:
+                raise InvalidRequest(f"fetching the image gave HTTP {response.status_code}", param=param)
+            data = b""
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > max_bytes:
+                    raise InvalidRequest(f"the image is larger than the {max_bytes}-byte limit", param=param)
+            return data
+    except httpx.HTTPError as exc:
+        raise InvalidRequest(f"could not fetch the image: {exc}", param=param) from None
