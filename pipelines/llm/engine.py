@@ -130,6 +130,7 @@ class LLMEngine:
                     return
             self.step()
 
+    @torch.inference_mode()
     def step(self) -> None:
         self._drop_aborted()
         admitted = self._admit()
@@ -209,7 +210,7 @@ class LLMEngine:
             self.metrics.finished(seq)
 
     def _retire(self) -> None:
-        self.batch.keep([i for i, s in enumerate(self.batch.seqs) if not s.finished and not s.aborted])
+        self.batch.keep([i for i, s in enumerate(self.batch.seqs) if not s.finished])
 
     def _drop_aborted(self) -> None:
         with self._cond:

@@ -1,0 +1,243 @@
+"""The LLM engine on the built-in vlm-tiny: continuous batching, the vision encoder
+skipped for text, loop detection, structured outputs, stop strings, seeds, aborts."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import jsonschema
+import pytest
+import torch
+from PIL import Image
+
+from vidserve.chat import ChatImage
+from vidserve.errors import EngineOverloaded, InvalidRequest
+from vidserve.options import RepetitionOptions
+from vidserve.pipelines.llm.engine import LLMEngine
+from vidserve.pipelines.llm.model import ChatModel
+from vidserve.pipelines.llm.sequence import SamplingParams
+from vidserve.registry import resolve_chat
+
+NO_LOOP_CHECK = RepetitionOptions(enabled=False)
+
+
+@pytest.fixture(scope="module")
+def model() -> ChatModel:
+    return ChatModel.load(resolve_chat("vlm-tiny"))
+
+
+@pytest.fixture
+def engine(model):
+    engine = LLMEngine(model)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def text_prompt(model, text="hello there"):
+    return model.encode([{"role": "user", "content": text}], [])
+
+
+def image_prompt(model, colour=(200, 30, 30)):
+    image = ChatImage(Image.new("RGB", (40, 30), colour), digest=f"test-{colour}")
+    return model.encode([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what?"}]}], [image])
+
+
+def params(**kw) -> SamplingParams:
+    return SamplingParams(**{"max_tokens": 24, "seed": 0, "repetition": NO_LOOP_CHECK, **kw})
+
+
+def collect(seqs_outputs):
+    return {key: "".join(o.text for o in outs) for key, outs in seqs_outputs.items()}
+
+
+def test_text_requests_never_run_the_vision_encoder_and_images_are_encoded_once(engine, model):
+    calls = []
+    hook = model.model.model.vision_tower.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        for text in ("hi", "a longer question about nothing"):
+            engine.generate(text_prompt(model, text), params())
+        assert calls == []
+        red = image_prompt(model)
+        engine.generate(red, params())
+        assert len(calls) == 1
+        engine.generate(red, params(seed=5))  # same image: features come from the cache
+        assert len(calls) == 1
+        engine.generate(image_prompt(model, (0, 0, 255)), params())
+        assert len(calls) == 2
+    finally:
+        hook.remove()
+
+
+def test_image_changes_the_answer(engine, model):
+    red, _ = engine.generate(image_prompt(model, (255, 0, 0)), params(temperature=0))
+    blue, _ = engine.generate(image_prompt(model, (0, 0, 255)), params(temperature=0))
+    assert red != blue
+
+
+def test_eight_concurrent_requests_share_decode_steps_and_match_solo_runs(model):
+    engine = LLMEngine(model, max_running=8)
+    outputs = {i: [] for i in range(8)}
+    prompts = [text_prompt(model, "x" * (3 + 7 * i)) for i in range(8)]  # different lengths: left padding
+    for i in range(8):  # all queued before the loop starts: they are admitted together
+        engine.submit(prompts[i], params(max_tokens=32, seed=i, ignore_eos=True), on_output=outputs[i].append)
+    engine.start()
+    try:
+        deadline = threading.Event()
+        while not all(outs and outs[-1].finished for outs in outputs.values()):
+            deadline.wait(0.01)
+        assert all(outs[-1].completion_tokens == 32 for outs in outputs.values())
+        # 8 x 31 decoded tokens (the first comes from the prefill) in 31 shared steps, not 248.
+        assert engine.decode_steps == 31
+        assert engine.decoded_tokens == 8 * 31
+        batched = collect(outputs)
+        for i in (0, 5, 7):
+            solo, _ = engine.generate(prompts[i], params(max_tokens=32, seed=i, ignore_eos=True))
+            assert solo == batched[i]
+    finally:
+        engine.stop()
+
+
+def test_sequences_join_and_leave_between_steps_without_changing_results(engine, model):
+    prompts = [text_prompt(model, f"question {i} " * (i + 1)) for i in range(4)]
+    lengths = [5, 40, 12, 30]
+    solo = [engine.generate(p, params(max_tokens=n, seed=i, ignore_eos=True))[0]
+            for i, (p, n) in enumerate(zip(prompts, lengths))]
+    results = [None] * 4
+
+    def run(i):
+        results[i] = engine.generate(prompts[i], params(max_tokens=lengths[i], seed=i, ignore_eos=True))[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+        threading.Event().wait(0.003)  # staggered arrivals: some join a batch already decoding
+    for t in threads:
+        t.join()
+    assert results == solo
+
+
+def test_seed_reproduces_and_different_seeds_differ(engine, model):
+    p = text_prompt(model)
+    a, _ = engine.generate(p, params(seed=11))
+    b, _ = engine.generate(p, params(seed=11))
+    c, _ = engine.generate(p, params(seed=12))
+    assert a == b and a != c
+
+
+def test_max_tokens_and_eos(engine, model):
+    _, out = engine.generate(text_prompt(model), params(max_tokens=7, ignore_eos=True))
+    assert (out.finish_reason, out.completion_tokens) == ("length", 7)
+
+
+def test_stop_string_cuts_the_text_before_it(engine, model):
+    p = text_prompt(model)
+    full, _ = engine.generate(p, params(temperature=0, max_tokens=40, ignore_eos=True))
+    stop = full[10:13]
+    cut, out = engine.generate(p, params(temperature=0, max_tokens=40, ignore_eos=True, stop=(stop,)))
+    assert cut == full[:full.index(stop)]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+
+
+def forced(model, token_text: str, monkeypatch):
+    """Make the model emit one token forever: the collapse loop detection exists for."""
+    token = model.tokenizer.convert_tokens_to_ids(model.tokenizer.tokenize(token_text)[0])
+    original = model.forward
+
+    def forward(*args, **kwargs):
+        logits = original(*args, **kwargs)
+        logits[:, token] += 1000.0
+        return logits
+
+    monkeypatch.setattr(model, "forward", forward)
+    return token
+
+
+def test_a_repeated_token_stops_at_the_threshold(engine, model, monkeypatch):
+    forced(model, "S", monkeypatch)
+    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=50, seed=0))
+    assert (text, out.finish_reason, out.stop_reason, out.completion_tokens) == ("SSSS", "stop", "repetition", 4)
+    custom = RepetitionOptions(token_repeats=7)
+    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=50, repetition=custom))
+    assert (text, out.stop_reason) == ("S" * 7, "repetition")
+
+
+@pytest.mark.parametrize("repetition", [RepetitionOptions(), NO_LOOP_CHECK], ids=["exempt-token", "detection-off"])
+def test_exempt_tokens_and_detection_off_let_it_continue(engine, model, monkeypatch, repetition):
+    forced(model, "-" if repetition.enabled else "S", monkeypatch)
+    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=30, repetition=repetition))
+    assert out.finish_reason == "length" and out.stop_reason is None
+    assert len(text) == 30
+
+
+SCHEMAS = [
+    {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer"}},
+     "required": ["colour", "count"], "additionalProperties": False},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
+     "required": ["name", "ok"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
+                                               "maxItems": 3},
+                                      "box": {"type": "object", "properties": {"x": {"type": "number"},
+                                                                               "y": {"type": "integer"}},
+                                              "required": ["x", "y"]}},
+     "required": ["tags", "box"]},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 4},
+    {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "confidence": {"type": "number",
+                                                                                          "minimum": 0}},
+     "required": ["answer"]},
+]
+
+
+def test_fifty_structured_generations_from_a_random_model_all_parse_and_validate(engine, model):
+    outputs, schemas = {}, {}
+    for i in range(50):
+        schema = SCHEMAS[i % len(SCHEMAS)]
+        grammar = engine.grammars.compile({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        outputs[i], schemas[i] = [], schema
+        engine.submit(text_prompt(model, f"answer {i}"), SamplingParams(max_tokens=400, seed=i), grammar,
+                      on_output=outputs[i].append)
+    while not all(outs and outs[-1].finished for outs in outputs.values()):
+        threading.Event().wait(0.02)
+    for i, text in collect(outputs).items():
+        assert outputs[i][-1].finish_reason == "stop", (i, text)
+        jsonschema.validate(json.loads(text), schemas[i])
+
+
+def test_abort_frees_the_slot(model):
+    engine = LLMEngine(model, max_running=1)
+    engine.start()
+    try:
+        finished = threading.Event()
+        long = engine.submit(text_prompt(model), params(max_tokens=2000, ignore_eos=True),
+                             on_output=lambda o: o.finished and finished.set())
+        while not long.output_ids:
+            threading.Event().wait(0.005)
+        engine.abort(long)
+        assert finished.wait(5)
+        assert long.finish_reason == "abort"
+        # One slot: the next request can only run because the aborted one gave it back.
+        _, out = engine.generate(text_prompt(model), params(max_tokens=3, ignore_eos=True), timeout=10)
+        assert out.completion_tokens == 3
+    finally:
+        engine.stop()
+
+
+def test_limits(model):
+    engine = LLMEngine(model, max_waiting=2)  # not started: everything waits
+    engine.submit(text_prompt(model), params())
+    engine.submit(text_prompt(model), params())
+    with pytest.raises(EngineOverloaded):
+        engine.submit(text_prompt(model), params())
+    with pytest.raises(InvalidRequest, match="context"):
+        LLMEngine(model).submit(text_prompt(model), params(max_tokens=model.max_context))
+
+
+def test_a_failing_step_fails_its_sequences_not_the_engine(engine, model, monkeypatch):
+    original = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error: boom")))
+    _, out = engine.generate(text_prompt(model), params(), timeout=10)
+    assert out.finish_reason == "error" and "boom" in out.error
+    monkeypatch.setattr(model, "forward", original)
+    _, out = engine.generate(text_prompt(model), params(max_tokens=3, ignore_eos=True), timeout=10)
+    assert out.finish_reason == "length"
