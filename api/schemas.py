@@ -20,6 +20,9 @@ class _JobFields(BaseModel):
     guidance_scale: float | None = None
     prompts: list[str] | None = Field(None, description="Per-chunk prompts of a long video (a storyboard).")
     drift_correction: Literal["color", "none"] = "color"
+    prompt_extend: bool = Field(False, description="The LLM rewrites the prompt (seeing the image) first.")
+    caption_chain: bool = Field(False, description="Each continuation chunk's prompt gets a caption of its "
+                                "opening frame.")
     attention: dict[str, Any] | None = Field(None, description="AttentionOptions; unset fields keep the server's.")
     webhook_url: str | None = Field(None, max_length=2048)
     metadata: dict[str, str] | None = None

@@ -70,7 +70,10 @@ def build_services(settings: Settings) -> Services:
         from vidserve.workers.runner import JobRunner
 
         store = SQLiteJobStore(settings.data_dir / "jobs.sqlite")
-        runner = JobRunner(settings, store, storage, metrics, webhooks, worker_id=f"embedded-{secrets.token_hex(4)}")
+        from vidserve.workers.prompt_writer import EngineWriter
+
+        runner = JobRunner(settings, store, storage, metrics, webhooks, worker_id=f"embedded-{secrets.token_hex(4)}",
+                           writer=EngineWriter(chat) if chat is not None else None)
         queue = EmbeddedQueue(store, runner)
     metrics.watch(store)
     return Services(settings, store, storage, queue, metrics, webhooks, chat)

@@ -69,11 +69,16 @@ def submit_extension(svc: Services, body: VideoExtend, upload: bytes | None) -> 
 def _options(body: _JobFields) -> dict:
     return dict(steps=body.num_inference_steps, guidance=body.guidance_scale, seed=body.seed,
                 negative_prompt=body.negative_prompt or "", prompts=body.prompts,
-                drift_correction=body.drift_correction, attention=body.attention)
+                drift_correction=body.drift_correction, attention=body.attention,
+                prompt_extend=body.prompt_extend, caption_chain=body.caption_chain)
 
 
 def _job(svc: Services, spec: ModelSpec, body: _JobFields, request: GenerationRequest, seconds: str, *,
          source_frames: int = 0, **fields) -> Job:
+    if (request.prompt_extend or request.caption_chain) and svc.chat is None and not svc.settings.chat_url:
+        param = "prompt_extend" if request.prompt_extend else "caption_chain"
+        raise APIError(400, f"{param} needs the LLM path, and this server runs no chat model "
+                       "(set VIDSERVE_CHAT_MODEL, or VIDSERVE_CHAT_URL for workers)", param=param)
     queued = len(svc.store.with_status([JobStatus.queued]))
     if queued >= svc.settings.max_queued:
         raise APIError(429, f"the queue is full ({queued} jobs waiting); try again later", code="queue_full",
@@ -82,7 +87,8 @@ def _job(svc: Services, spec: ModelSpec, body: _JobFields, request: GenerationRe
               "fps": request.fps, "steps": request.steps, "guidance": request.guidance, "seed": request.seed,
               "negative_prompt": request.negative_prompt, "chunk_frames": request.chunk_frames,
               "prompts": request.prompts, "drift_correction": request.drift_correction,
-              "attention": request.attention.model_dump(), "source_frames": source_frames}
+              "attention": request.attention.model_dump(), "source_frames": source_frames,
+              "prompt_extend": request.prompt_extend, "caption_chain": request.caption_chain}
     return Job(model=spec.name, prompt=request.prompt, max_attempts=svc.settings.max_attempts, params=params,
                webhook_url=body.webhook_url, metadata=body.metadata, **fields)
 

@@ -22,7 +22,8 @@ from vidserve.requests import GenerationRequest
 
 from .video import StepCallback, VideoPipeline, get_pipeline
 
-ChunkCallback = Callable[[int, np.ndarray, DriftMetrics], None]
+ChunkCallback = Callable[[int, np.ndarray, DriftMetrics, str], None]  # (index, frames, drift, prompt)
+Captioner = Callable[[Image.Image, int], str]  # (frame, seed) -> caption
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ChunkReport:
     index: int
     frames: int  # frames this chunk adds to the video
     drift: dict
+    prompt: str  # what this chunk was generated from
 
 
 @dataclass
@@ -45,17 +47,22 @@ class _ChunkGenerator:
     """Adapts the Wan pipelines to the `generate(condition, num_frames, seed, chunk)` of drift.chain."""
 
     def __init__(self, request: GenerationRequest, first: VideoPipeline, continuation: VideoPipeline | None,
-                 on_step: StepCallback | None, load_seconds: float):
+                 on_step: StepCallback | None, load_seconds: float, caption: Captioner | None):
         self.request, self.first, self.continuation, self.on_step = request, first, continuation, on_step
+        self.caption = caption
         self.timings = {"load": load_seconds}
+        self.prompts: dict[int, str] = {}
 
     def generate(self, condition: np.ndarray | None, num_frames: int, seed: int, chunk: int) -> np.ndarray:
         r = self.request
         opening = chunk == 0 and not r.continuing
         pipeline = self.first if opening else self.continuation
         image = Image.fromarray(condition) if condition is not None else None
-        request = replace(r, prompt=r.prompt_for(chunk), num_frames=num_frames, seed=seed, image=image,
-                          chunk_frames=[num_frames])
+        prompt = r.prompt_for(chunk)
+        if r.caption_chain and not opening and self.caption is not None:
+            prompt = f"{prompt} {self.caption(image, seed)}".strip()
+        self.prompts[chunk] = prompt
+        request = replace(r, prompt=prompt, num_frames=num_frames, seed=seed, image=image, chunk_frames=[num_frames])
         steps_before, total = chunk * r.steps, r.steps * len(r.chunk_frames)
 
         def on_step(done: int, _: int) -> None:
@@ -69,13 +76,17 @@ class _ChunkGenerator:
 
 
 def generate_video(request: GenerationRequest, device: str = "auto", dtype: str = "auto",
-                   on_step: StepCallback | None = None, on_chunk: ChunkCallback | None = None) -> VideoResult:
+                   on_step: StepCallback | None = None, on_chunk: ChunkCallback | None = None,
+                   caption: Captioner | None = None) -> VideoResult:
+    """`caption` (the LLM path) is required when the request asks for `caption_chain`."""
+    if request.caption_chain and caption is None:
+        raise RuntimeError("caption_chain needs a chat model to caption frames, and none is configured")
     spec = resolve(request.model)
     start = time.perf_counter()  # ~0 once the models are resident
     first = get_pipeline(spec, device, dtype)
     chained = request.continuing or len(request.chunk_frames) > 1
     continuation = get_pipeline(resolve(spec.continues_with), device, dtype) if chained else None
-    generator = _ChunkGenerator(request, first, continuation, on_step, time.perf_counter() - start)
+    generator = _ChunkGenerator(request, first, continuation, on_step, time.perf_counter() - start, caption)
 
     condition = anchor = None
     if request.image is not None:
@@ -87,9 +98,10 @@ def generate_video(request: GenerationRequest, device: str = "auto", dtype: str 
     reports: list[ChunkReport] = []
 
     def chunk_done(index: int, frames: np.ndarray, metrics: DriftMetrics) -> None:
-        reports.append(ChunkReport(index, len(frames), metrics.to_dict()))
+        prompt = generator.prompts[index]
+        reports.append(ChunkReport(index, len(frames), metrics.to_dict(), prompt))
         if on_chunk is not None:
-            on_chunk(index, frames, metrics)
+            on_chunk(index, frames, metrics, prompt)
 
     frames, _ = chain(generator, request.chunk_frames, request.drift_correction, request.seed,
                       condition=condition, anchor=anchor, continuing=request.continuing, on_chunk=chunk_done)

@@ -14,7 +14,7 @@ import torch
 import xgrammar as xgr
 
 from vidserve.errors import InvalidRequest
-from vidserve.pipelines import grammar as grammar_mod
+from vidserve.pipelines.llm import grammar as grammar_mod
 from vidserve.pipelines.llm.grammar import Grammars, mask_logits
 from vidserve.pipelines.tiny import build_tokenizer
 

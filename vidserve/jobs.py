@@ -57,6 +57,7 @@ class Job(BaseModel):
     source_video_key: str | None = None  # the MP4 an extension continues (copied or uploaded)
     extends_video_id: str | None = None
     error: JobError | None = None
+    extended_prompt: str | None = None  # the LLM's rewrite of `prompt` (prompt_extend), what was generated
     attempts: int = 0
     max_attempts: int = 2
     worker_id: str | None = None
@@ -111,6 +112,16 @@ def chunk_done(worker_id: str, chunk: dict[str, Any]) -> Callable[[Job], None]:
         if job.worker_id != worker_id:
             raise InvalidTransition(f"job {job.id} is held by {job.worker_id}, not {worker_id}")
         job.chunks = [c for c in job.chunks if c["index"] != chunk["index"]] + [dict(chunk)]
+
+    return apply
+
+
+def prompt_extended(worker_id: str, extended: str) -> Callable[[Job], None]:
+    def apply(job: Job) -> None:
+        _require(job, JobStatus.in_progress)
+        if job.worker_id != worker_id:
+            raise InvalidTransition(f"job {job.id} is held by {job.worker_id}, not {worker_id}")
+        job.extended_prompt = extended
 
     return apply
 
@@ -219,9 +230,13 @@ def video_object(job: Job) -> dict[str, Any]:
         "seed": p.get("seed"),
         "attention": p.get("attention"),
         "prompts": p.get("prompts") or None,
+        "prompt_extend": p.get("prompt_extend", False),
+        "extended_prompt": job.extended_prompt,
+        "caption_chain": p.get("caption_chain", False),
         "drift_correction": p.get("drift_correction"),
         "extends_video_id": job.extends_video_id,
-        "chunks": [{"index": c["index"], "frames": c["frames"], "drift": c["drift"]} for c in job.chunks],
+        "chunks": [{"index": c["index"], "frames": c["frames"], "drift": c["drift"], "prompt": c.get("prompt")}
+                   for c in job.chunks],
         "has_input_reference": job.input_image_key is not None,
         "started_at": int(job.started_at) if job.started_at else None,
         "attempts": job.attempts,

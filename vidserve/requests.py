@@ -42,6 +42,10 @@ class GenerationRequest:
     continuing: bool = False
     attention: AttentionOptions = field(default_factory=AttentionOptions)
     options: dict[str, Any] = field(default_factory=dict)  # model options (e.g. guidance_scale_2)
+    # The LLM path helps: rewrite the prompt first (seeing the image, if any); caption the
+    # frame each continuation chunk starts from into that chunk's prompt.
+    prompt_extend: bool = False
+    caption_chain: bool = False
 
     @property
     def seconds(self) -> float:
@@ -95,6 +99,8 @@ def build_request(
     continuing: bool = False,
     attention: AttentionOptions | dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    prompt_extend: bool = False,
+    caption_chain: bool = False,
 ) -> GenerationRequest:
     """Check every field against the model and the server limits; fill in defaults.
 
@@ -106,7 +112,7 @@ def build_request(
         return _continuation(spec, settings, prompt, image=image, seconds=seconds, num_frames=num_frames, fps=fps,
                              size=size, steps=steps, guidance=guidance, seed=seed, negative_prompt=negative_prompt,
                              prompts=prompts, drift_correction=drift_correction, attention=attention,
-                             options=options)
+                             options=options, prompt_extend=prompt_extend, caption_chain=caption_chain)
     if spec.needs_image and image is None:
         raise InvalidRequest(f"model {spec.name} is image-to-video: give an image to start from", param="image")
     if image is not None and not spec.accepts_image:
@@ -157,6 +163,9 @@ def build_request(
 
     chunk_frames = plan_chunks(num_frames, spec.frames_per_chunk)
     _check_chain(spec, chunk_frames, prompts, drift_correction)
+    if caption_chain and len(chunk_frames) == 1:
+        raise InvalidRequest(f"caption_chain captions the frame each chunk continues from, but {num_frames} frames "
+                             f"fit in one chunk of {spec.frames_per_chunk}; ask for a longer video", param="caption_chain")
     if attention is None:
         attention = settings.attention
     elif isinstance(attention, dict):
@@ -173,6 +182,7 @@ def build_request(
         width=width, height=height, num_frames=num_frames, fps=fps, steps=steps,
         guidance=guidance, seed=seed, chunk_frames=chunk_frames, prompts=list(prompts or []),
         drift_correction=drift_correction, attention=attention, options=dict(options or {}),
+        prompt_extend=prompt_extend, caption_chain=caption_chain,
     )
 
 
@@ -202,9 +212,12 @@ def _continuation(spec: ModelSpec, settings: Settings, prompt: str, *, image: An
             raise InvalidRequest(f"an extension adds a multiple of 4 frames, got {num_frames}", param="num_frames")
         seconds, num_frames = None, num_frames + 1
     # Validate as a clip that opens on the continued frame, then drop that frame from the count.
+    # (Every chunk of an extension continues a frame, so caption_chain always applies.)
+    caption_chain = kwargs.pop("caption_chain")
     request = build_request(spec, settings, prompt, seconds=seconds, num_frames=num_frames, fps=fps,
                             image=image if spec.accepts_image else None, **kwargs)
     request.image, request.continuing, request.num_frames = image, True, request.num_frames - 1
+    request.caption_chain = caption_chain
     request.chunk_frames = plan_chunks(request.num_frames, spec.frames_per_chunk, continuing=True)
     _check_chain(spec, request.chunk_frames, kwargs.get("prompts"), request.drift_correction)
     return request

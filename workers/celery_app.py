@@ -24,6 +24,7 @@ from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, load_or_create_secret
 
+from .prompt_writer import HTTPWriter
 from .runner import JobRunner, announce, recover_lost_jobs
 
 log = logging.getLogger("vidserve.celery")
@@ -121,8 +122,9 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    writer = HTTPWriter(settings.chat_url, next(iter(settings.keys), None)) if settings.chat_url else None
     runner = JobRunner(settings, store, LocalStorage(settings.data_dir / "files"), metrics,
-                       WebhookSender(load_or_create_secret(settings)))
+                       WebhookSender(load_or_create_secret(settings)), writer=writer)
     get_pipeline(spec, settings.device, settings.dtype)  # resident before the first job arrives
 
     app = make_celery(settings)

@@ -30,6 +30,8 @@ from vidserve.storage import Storage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender
 
+from .prompt_writer import PromptWriter
+
 log = logging.getLogger("vidserve.runner")
 
 # Denoising is nearly all of a job; decoding and encoding take the last few percent.
@@ -42,13 +44,15 @@ def default_worker_id() -> str:
 
 class JobRunner:
     def __init__(self, settings: Settings, store: JobStore, storage: Storage, metrics: Metrics | None = None,
-                 webhooks: WebhookSender | None = None, worker_id: str | None = None):
+                 webhooks: WebhookSender | None = None, worker_id: str | None = None,
+                 writer: PromptWriter | None = None):
         self.settings = settings
         self.store = store
         self.storage = storage
         self.metrics = metrics or Metrics()
         self.webhooks = webhooks
         self.worker_id = worker_id or default_worker_id()
+        self.writer = writer  # the LLM path, for prompt_extend and caption_chain
 
     def run(self, job_id: str) -> Job | None:
         """Run the job if it is still queued; return its final record (None if not ours to run)."""
@@ -71,10 +75,13 @@ class JobRunner:
         try:
             source = read_video(self.storage.path(job.source_video_key))[0] if job.source_video_key else None
             request = self._request_for(job, source)
+            if request.prompt_extend:
+                request.prompt = self._extend_prompt(job, request)
             from vidserve.pipelines.chain import generate_video  # torch stays out of processes that never run jobs
 
-            result = generate_video(request, self.settings.device, self.settings.dtype,
-                                    on_step=self._on_step(job), on_chunk=self._on_chunk(job, request.fps))
+            caption = self._require_writer("caption_chain").caption if request.caption_chain else None
+            result = generate_video(request, self.settings.device, self.settings.dtype, on_step=self._on_step(job),
+                                    on_chunk=self._on_chunk(job, request.fps), caption=caption)
             # An extension's video is the source followed by the new frames.
             frames = result.frames if source is None else np.concatenate([source, result.frames])
             start = time.perf_counter()
@@ -101,7 +108,20 @@ class JobRunner:
             guidance=p["guidance"], seed=p["seed"], chunk_frames=p["chunk_frames"], prompts=p.get("prompts", []),
             drift_correction=p.get("drift_correction", "color"), continuing=source is not None,
             attention=AttentionOptions(**p["attention"]) if "attention" in p else self.settings.attention,
+            prompt_extend=p.get("prompt_extend", False), caption_chain=p.get("caption_chain", False),
         )
+
+    def _require_writer(self, option: str) -> PromptWriter:
+        if self.writer is None:
+            raise RuntimeError(f"{option} needs the LLM path: this worker has no chat model "
+                               "(run it with --chat-url / VIDSERVE_CHAT_URL)")
+        return self.writer
+
+    def _extend_prompt(self, job: Job, request: GenerationRequest) -> str:
+        """The LLM's rewrite (seeing the first frame, if any), recorded beside the original."""
+        extended = self._require_writer("prompt_extend").extend(job.prompt, request.image, request.seed)
+        self.store.update(job.id, jobs.prompt_extended(self.worker_id, extended))
+        return extended
 
     def _on_step(self, job: Job):
         last = [time.perf_counter()]
@@ -119,11 +139,11 @@ class JobRunner:
         return on_step
 
     def _on_chunk(self, job: Job, fps: int):
-        def on_chunk(index: int, frames: np.ndarray, drift: DriftMetrics) -> None:
+        def on_chunk(index: int, frames: np.ndarray, drift: DriftMetrics, prompt: str) -> None:
             with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
                 path = encode_mp4(frames, Path(tmp) / "chunk.mp4", fps=fps)
                 key = self.storage.put_file(f"{job.id}/chunk-{index}.mp4", path)
-            chunk = {"index": index, "frames": len(frames), "key": key, "drift": drift.to_dict()}
+            chunk = {"index": index, "frames": len(frames), "key": key, "drift": drift.to_dict(), "prompt": prompt}
             self.store.update(job.id, jobs.chunk_done(self.worker_id, chunk))
 
         return on_chunk

@@ -53,6 +53,9 @@ class ChatModel:
         self.vision = hasattr(config, "vision_config")
         self.image_token_id = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
         text_config = config.get_text_config(decoder=True)
+        if "sliding_attention" in (getattr(text_config, "layer_types", None) or []):
+            # The batch keeps full caches; a sliding window would silently attend too far.
+            raise ValueError(f"{spec.name}: sliding-window attention layers are not supported by the engine yet")
         self.vocab_size = text_config.vocab_size
         self.max_context = int(getattr(text_config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
         eos = model.generation_config.eos_token_id

@@ -1,0 +1,259 @@
+"""Chat throughput: vidserve's continuous batching vs sequential transformers `generate` (issue 6).
+
+One random-weight Llama (built here, saved with vidserve's byte-level chat tokenizer into a temp
+folder, float32) serves the same requests two ways, one after the other so they never share the CPU:
+  generate  in this process, `model.generate` one request at a time: what a user without a server runs;
+  vidserve  `vidserve serve --chat-model FOLDER`, streamed through the official `openai` SDK.
+
+Workload: request r is a chat-templated user message of 20-200 bytes (= tokens) with seed r, sampled at
+temperature 1 (top_p 1, no top_k) for exactly N new tokens (vidserve: ignore_eos, loop detection off;
+generate: min_new_tokens = max_new_tokens = N). At concurrency C there are C clients; client c sends
+requests c, c+C, c+2C, ... back to back (C*k requests in all).
+
+Timing. TTFT is time to the first visible text (vidserve streams nothing before it: random bytes often
+start with half a UTF-8 character); inter-token latency (ITL) = (last token - first text) / (N - 1).
+vidserve: wall time from the first send to the last answer; TTFT = send -> first content chunk.
+generate: each request runs once in-process (after warm-up); a streamer timestamps its tokens, giving its
+own time to first text (prefill, sampling) and total time. The C clients are then replayed against a
+one-at-a-time FIFO server: request i starts when request i-1 ends and arrives when its client's previous
+request (i-C) ended (the first C at t=0), so TTFT_i = start_i - arrival_i + own TTFT_i, and the wall time
+is the sum of the service times. A request's service time does not depend on the others, so the request
+sets of all concurrencies (prefixes of one list) are measured in one pass. Output tok/s = tokens / wall.
+
+    python benchmarks/chat.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+
+from api_overhead import start_server  # benchmarks/ is on sys.path: the same server start/stop as issue 3's
+
+# hidden 1024 x 8 layers (91M parameters): here one decode step takes ~25 ms for 1 sequence and ~60 ms
+# for 16, of which transformers' Python is ~2 ms (timed at hidden 64), so batching shares real compute,
+# not overhead. hidden 512 x 4 (~7 ms) is closer to the overhead; a bigger model would not fit ~5 min.
+MODEL = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+             num_key_value_heads=4, max_position_embeddings=1024)
+FULL = dict(tokens=64, requests={1: 4, 4: 8, 16: 32})  # concurrency: requests (k = 4, 2, 2 per client)
+QUICK = dict(tokens=8, requests={1: 2, 4: 4, 16: 16})
+TEMPERATURE = 1.0
+WORDS = "the a video frame model token batch queue server fox snow river light night prompt cache step".split()
+
+
+def build_model(folder: Path) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vidserve.pipelines.llm.tiny import build_chat_tokenizer
+
+    tokenizer = build_chat_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **MODEL)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return {"class": "LlamaForCausalLM", **MODEL, "vocab_size": len(tokenizer), "dtype": "float32",
+            "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1)}
+
+
+def make_prompts(n: int) -> list[str]:
+    rng = random.Random(0)
+    lengths = [20 + (180 * i) // max(n - 1, 1) for i in range(n)]  # evenly 20..200 bytes, shuffled
+    rng.shuffle(lengths)
+    return [" ".join(rng.choice(WORDS) for _ in range(length))[:length] for length in lengths]
+
+
+def messages(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+class Clock:
+    """A transformers streamer that timestamps: put() gets the prompt first, then each new token.
+
+    `first_text` is when the output first decodes to visible text: vidserve sends nothing before that
+    (special tokens and half UTF-8 characters, common with random bytes, are held back), so both sides'
+    TTFT means "first text a streaming client can show".
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.ids, self.times, self.first_text = tokenizer, [], [], None
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+        if len(self.times) == 1:
+            return  # the prompt
+        self.ids += value.flatten().tolist()
+        if self.first_text is None:
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            if text and not text.endswith("\ufffd"):  # vidserve's rule in Sequence._detokenize
+                self.first_text = self.times[-1]
+
+    def end(self) -> None:
+        self.first_text = self.first_text or self.times[-1]
+
+
+def measure_generate(folder: Path, prompts: list[str], tokens: int) -> list[dict]:
+    """Each prompt once through model.generate: its prompt length, own TTFT, total time and ITL (s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    # top_k=0: generation_config's default top_k of 50 would sample differently from vidserve.
+    kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True, temperature=TEMPERATURE,
+                  top_p=1.0, top_k=0, pad_token_id=tokenizer.pad_token_id)
+
+    def run(text: str, seed: int) -> dict:
+        chat = tokenizer.apply_chat_template(messages(text), add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(chat, add_special_tokens=False, return_tensors="pt")  # as vidserve encodes it
+        torch.manual_seed(seed)
+        clock = Clock(tokenizer)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(**ids, streamer=clock, **kwargs)
+        end = time.perf_counter()
+        length = ids["input_ids"].shape[1]
+        assert out.shape[1] - length == tokens
+        return {"prompt_tokens": length, "ttft": clock.first_text - start, "total": end - start,
+                "itl": (clock.times[-1] - clock.first_text) / max(tokens - 1, 1)}
+
+    for text in prompts[:2]:  # warm-up
+        run(text, 999)
+    return [run(text, seed) for seed, text in enumerate(prompts)]
+
+
+def sequential(measured: list[dict], concurrency: int, tokens: int) -> dict:
+    """Replay C closed-loop clients against a one-request-at-a-time FIFO server (see the docstring)."""
+    finish, ttft = [], []
+    for i, m in enumerate(measured):
+        start = finish[-1] if finish else 0.0
+        arrival = finish[i - concurrency] if i >= concurrency else 0.0
+        ttft.append(start - arrival + m["ttft"])
+        finish.append(start + m["total"])
+    return summarize("generate", concurrency, len(measured) * tokens, finish[-1], ttft, [m["itl"] for m in measured])
+
+
+async def measure_vidserve(url: str, model: str, prompts: list[str], concurrency: int, tokens: int,
+                           lengths: list[int]) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)
+    ttft, itl, generated = [], [], 0
+
+    async def one(r: int) -> None:
+        nonlocal generated
+        start = time.perf_counter()
+        stream = await client.chat.completions.create(
+            model=model, messages=messages(prompts[r]), max_tokens=tokens, temperature=TEMPERATURE, top_p=1.0,
+            seed=r, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "repetition_detection": False})
+        first = last = usage = None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                last = time.perf_counter()
+                first = first or last
+            usage = chunk.usage or usage
+        # Same prompt tokens as generate saw, and exactly N new ones: both sides did the same work.
+        assert usage.prompt_tokens == lengths[r] and usage.completion_tokens == tokens, (r, usage)
+        ttft.append(first - start)
+        itl.append((last - first) / max(tokens - 1, 1))
+        generated += usage.completion_tokens
+
+    async def client_loop(c: int) -> None:
+        for r in range(c, len(prompts), concurrency):
+            await one(r)
+
+    start, cpu = time.perf_counter(), time.process_time()
+    async with client:
+        await asyncio.gather(*(client_loop(c) for c in range(concurrency)))
+    wall = time.perf_counter() - start
+    # The clients share the 2 cores with the server: report how much CPU they took from it.
+    return {**summarize("vidserve", concurrency, generated, wall, ttft, itl),
+            "client_cpu_share": round((time.process_time() - cpu) / wall, 3)}
+
+
+def summarize(mode: str, concurrency: int, generated: int, wall: float, ttft: list[float], itl: list[float]) -> dict:
+    ordered = sorted(ttft)
+    return {"mode": mode, "concurrency": concurrency, "requests": len(ttft), "output_tokens": generated,
+            "wall_s": round(wall, 2), "output_tokens_per_s": round(generated / wall, 1),
+            "ttft_median_s": round(statistics.median(ttft), 3),
+            "ttft_p90_s": round(ordered[-(-9 * len(ordered) // 10) - 1], 3),  # nearest rank
+            "itl_median_ms": round(statistics.median(itl) * 1000, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8 tokens, fewer requests: a smoke run")
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "chat.json")
+    args = parser.parse_args()
+    work = QUICK if args.quick else FULL
+    tokens, requests = work["tokens"], work["requests"]
+    # SIGTERM would end Python without unwinding; as SystemExit, the ExitStack still stops the server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    prompts = make_prompts(max(requests.values()))
+    results, load = [], {}
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vidserve-chat-bench-")))
+        folder = tmp / "model"
+        model_info = build_model(folder)
+        print(f"model {model_info}; torch threads {torch.get_num_threads()}", file=sys.stderr)
+
+        # Baseline first, in this process; the server starts only after, so they never compete for cores.
+        load["generate_before"] = os.getloadavg()[0]
+        print(f"generate: {len(prompts)} requests one at a time ...", file=sys.stderr)
+        measured = measure_generate(folder, prompts, tokens)
+        lengths = [m["prompt_tokens"] for m in measured]
+        load["generate_after"] = os.getloadavg()[0]
+        baseline = {c: sequential(measured[:n], c, tokens) for c, n in requests.items()}
+
+        print("starting vidserve ...", file=sys.stderr)
+        (tmp / "server").mkdir()
+        url = start_server(stack, tmp / "server", {}, ["--chat-model", str(folder)])
+        # Warm-up, 4 at once: the first prefill and batched decode (30 bytes + 3 template tokens each).
+        asyncio.run(measure_vidserve(url, str(folder), [c * 30 for c in "abcd"], 4, tokens, [33] * 4))
+        load["vidserve_before"] = os.getloadavg()[0]
+        for c, n in requests.items():
+            print(f"vidserve: concurrency {c}, {n} requests ...", file=sys.stderr)
+            results += [baseline[c], asyncio.run(measure_vidserve(url, str(folder), prompts[:n], c, tokens, lengths))]
+        load["vidserve_after"] = os.getloadavg()[0]
+
+    rate = {(r["mode"], r["concurrency"]): r["output_tokens_per_s"] for r in results}
+    ratios = {str(c): round(rate["vidserve", c] / rate["generate", c], 2) for c in requests}
+    workload = {"output_tokens": tokens, "requests": {str(c): n for c, n in requests.items()},
+                "prompt_tokens_min_max": [min(lengths), max(lengths)], "temperature": TEMPERATURE, "top_p": 1.0,
+                "server_flags": "--device cpu --dtype float32 --log-level warning (chat_max_running 16)"}
+    load = {k: round(v, 2) for k, v in load.items()}  # this benchmark alone adds ~2 (2 busy threads)
+    machine = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+               "python": platform.python_version(), "loadavg_1m": load}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"model": model_info, "workload": workload, "machine": machine,
+                                     "results": results, "ratios": ratios,
+                                     "generate_requests": [{k: round(v, 4) for k, v in m.items()} for m in measured]},
+                                    indent=2) + "\n")
+
+    print("\n| mode | concurrency | requests | output tok/s | TTFT median s | TTFT p90 s | ITL median ms | "
+          "vs generate |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        ratio = ratios[str(r["concurrency"])] if r["mode"] == "vidserve" else 1.0
+        print(f"| {r['mode']} | {r['concurrency']} | {r['requests']} | {r['output_tokens_per_s']:.1f} | "
+              f"{r['ttft_median_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['itl_median_ms']:.1f} | {ratio:.2f}x |")
+    print(f"\n{tokens} output tokens per request; 1-min load {load}; JSON in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
