@@ -24,6 +24,8 @@ class _JobFields(BaseModel):
     caption_chain: bool = Field(False, description="Each continuation chunk's prompt gets a caption of its "
                                 "opening frame.")
     attention: dict[str, Any] | None = Field(None, description="AttentionOptions; unset fields keep the server's.")
+    cache: dict[str, Any] | None = Field(None, description="CacheOptions (step caching); unset fields keep the "
+                                         "server's.")
     webhook_url: str | None = Field(None, max_length=2048)
     metadata: dict[str, str] | None = None
 

@@ -70,7 +70,7 @@ def _options(body: _JobFields) -> dict:
     return dict(steps=body.num_inference_steps, guidance=body.guidance_scale, seed=body.seed,
                 negative_prompt=body.negative_prompt or "", prompts=body.prompts,
                 drift_correction=body.drift_correction, attention=body.attention,
-                prompt_extend=body.prompt_extend, caption_chain=body.caption_chain)
+                prompt_extend=body.prompt_extend, caption_chain=body.caption_chain, cache=body.cache)
 
 
 def _job(svc: Services, spec: ModelSpec, body: _JobFields, request: GenerationRequest, seconds: str, *,
@@ -88,7 +88,8 @@ def _job(svc: Services, spec: ModelSpec, body: _JobFields, request: GenerationRe
               "negative_prompt": request.negative_prompt, "chunk_frames": request.chunk_frames,
               "prompts": request.prompts, "drift_correction": request.drift_correction,
               "attention": request.attention.model_dump(), "source_frames": source_frames,
-              "prompt_extend": request.prompt_extend, "caption_chain": request.caption_chain}
+              "prompt_extend": request.prompt_extend, "caption_chain": request.caption_chain,
+              "cache": request.cache.model_dump()}
     return Job(model=spec.name, prompt=request.prompt, max_attempts=svc.settings.max_attempts, params=params,
                webhook_url=body.webhook_url, metadata=body.metadata, **fields)
 

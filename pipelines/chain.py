@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from vidserve.drift import Anchor, DriftMetrics, chain
+from vidserve.options import LoadOptions
 from vidserve.registry import resolve
 from vidserve.requests import GenerationRequest
 
@@ -77,15 +78,15 @@ class _ChunkGenerator:
 
 def generate_video(request: GenerationRequest, device: str = "auto", dtype: str = "auto",
                    on_step: StepCallback | None = None, on_chunk: ChunkCallback | None = None,
-                   caption: Captioner | None = None) -> VideoResult:
+                   caption: Captioner | None = None, load: LoadOptions = LoadOptions()) -> VideoResult:
     """`caption` (the LLM path) is required when the request asks for `caption_chain`."""
     if request.caption_chain and caption is None:
         raise RuntimeError("caption_chain needs a chat model to caption frames, and none is configured")
     spec = resolve(request.model)
     start = time.perf_counter()  # ~0 once the models are resident
-    first = get_pipeline(spec, device, dtype)
+    first = get_pipeline(spec, device, dtype, load)
     chained = request.continuing or len(request.chunk_frames) > 1
-    continuation = get_pipeline(resolve(spec.continues_with), device, dtype) if chained else None
+    continuation = get_pipeline(resolve(spec.continues_with), device, dtype, load) if chained else None
     generator = _ChunkGenerator(request, first, continuation, on_step, time.perf_counter() - start, caption)
 
     condition = anchor = None

@@ -21,10 +21,12 @@ import torch
 from diffusers import DiffusionPipeline, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
 from PIL import Image, ImageOps
 
+from vidserve.options import LoadOptions
 from vidserve.registry import SERVING_FILE, ModelSpec
 from vidserve.requests import GenerationRequest
 
 from .attention import SparseAttention
+from .speedups import prepare, step_cache, transformers_of
 from .tiny import build_tiny_pipeline
 
 StepCallback = Callable[[int, int], None]  # (steps done, total steps); may raise JobCancelled
@@ -92,12 +94,13 @@ class VideoPipeline:
                 boundary_ratio=pipe.config.boundary_ratio, expand_timesteps=True,
             )
             self.image_pipe.set_progress_bar_config(disable=True)
-        transformers = [pipe.transformer, getattr(pipe, "transformer_2", None)]
-        self.attention = SparseAttention([t for t in transformers if t is not None])
+        self.transformers = transformers_of(pipe)
+        self.attention = SparseAttention(self.transformers)
 
     @classmethod
-    def load(cls, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> "VideoPipeline":
-        return cls(spec, _load_diffusers(spec, dtype).to(device), device)
+    def load(cls, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
+             options: LoadOptions = LoadOptions()) -> "VideoPipeline":
+        return cls(spec, prepare(_load_diffusers(spec, dtype), options, device), device)
 
     def save(self, folder: str) -> None:
         """Write the model as an ordinary diffusers folder that `--model FOLDER` loads."""
@@ -137,7 +140,7 @@ class VideoPipeline:
             return callback_kwargs
 
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), step_cache(self.transformers, request.cache):
             video = pipe(callback_on_step_end=step_end, **kwargs).frames[0]
         end = time.perf_counter()
         frames = (np.clip(video, 0.0, 1.0) * 255.0).round().astype(np.uint8)
@@ -145,16 +148,17 @@ class VideoPipeline:
         return GenerationResult(frames=frames, fps=request.fps, seed=request.seed, timings=timings)
 
 
-_loaded: dict[tuple[str, str, str], VideoPipeline] = {}
+_loaded: dict[tuple[str, str, str, LoadOptions], VideoPipeline] = {}
 _load_lock = threading.Lock()
 
 
-def get_pipeline(spec: ModelSpec, device: str = "auto", dtype: str = "auto") -> VideoPipeline:
-    """The resident pipeline for this model, loading it on first use."""
+def get_pipeline(spec: ModelSpec, device: str = "auto", dtype: str = "auto",
+                 options: LoadOptions = LoadOptions()) -> VideoPipeline:
+    """The resident pipeline for this model (and load options), loading it on first use."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    key = (spec.source if not spec.builtin else spec.name, str(torch_device), str(torch_dtype))
+    key = (spec.source if not spec.builtin else spec.name, str(torch_device), str(torch_dtype), options)
     with _load_lock:
         if key not in _loaded:
-            _loaded[key] = VideoPipeline.load(spec, torch_device, torch_dtype)
+            _loaded[key] = VideoPipeline.load(spec, torch_device, torch_dtype, options)
         return _loaded[key]

@@ -22,7 +22,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    names = ("device", "dtype", "data_dir", "queue", "redis_url", "chat_model", "chat_url")
+    names = ("device", "dtype", "data_dir", "queue", "redis_url", "chat_model", "chat_url", "quantization", "compile",
+             "offload", "vae_tiling")
     overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     return get_settings().model_copy(update=overrides)
 
@@ -47,6 +48,22 @@ def _attention_overrides(args: argparse.Namespace) -> dict | None:
     return overrides or None
 
 
+def _cache_overrides(args: argparse.Namespace) -> dict | None:
+    given = {"kind": args.cache, "threshold": args.cache_threshold}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    return overrides or None
+
+
+def _add_load_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quantization", choices=["none", "int8", "fp8"],
+                        help="weight-only quantization of the transformer blocks (torchao; fp8 needs CUDA)")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="regional torch.compile of the transformer blocks (once per video size)")
+    parser.add_argument("--offload", choices=["none", "model", "group", "sequential"],
+                        help="keep weights in CPU memory, moving them to the GPU as needed (CUDA)")
+    parser.add_argument("--vae-tiling", action="store_true", default=None, help="decode frames in tiles")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from vidserve.media import encode_mp4, load_image
     from vidserve.registry import resolve
@@ -59,7 +76,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         spec, settings, args.prompt, size=args.size, seconds=args.seconds, num_frames=args.frames, fps=args.fps,
         steps=args.steps, guidance=args.guidance, seed=args.seed, negative_prompt=args.negative_prompt or "",
         image=image, prompts=args.chunk_prompt, drift_correction=args.drift_correction,
-        attention=_attention_overrides(args),
+        attention=_attention_overrides(args), cache=_cache_overrides(args),
     )
     output = Path(args.output or f"vidserve-{request.seed}.mp4")
     if output.parent and not output.parent.exists():
@@ -74,7 +91,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                                                    else "")
     with tqdm(total=request.steps * chunks, desc=desc, unit="step", file=sys.stderr, disable=args.quiet) as bar:
         result = generate_video(request, settings.device, settings.dtype,
-                                on_step=lambda done, total: bar.update(done - bar.n))
+                                on_step=lambda done, total: bar.update(done - bar.n), load=settings.load)
     start = time.perf_counter()
     encode_mp4(result.frames, output, fps=request.fps)
     timings = {**result.timings, "encode": time.perf_counter() - start}
@@ -176,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--attention", choices=["dense", "topk"], help="self-attention (default: server setting)")
     gen.add_argument("--density", type=float, help="share of key tiles kept by --attention topk")
     gen.add_argument("--dense-steps", type=int, help="first denoising steps that run dense")
+    gen.add_argument("--cache", choices=["none", "first_block", "taylorseer"],
+                     help="step caching through diffusers' hooks (default: server setting)")
+    gen.add_argument("--cache-threshold", type=float, help="first_block: reuse a step below this change")
+    _add_load_flags(gen)
     gen.add_argument("-o", "--output", help="output MP4 path (default: vidserve-SEED.mp4)")
     gen.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     gen.add_argument("--dtype", help="auto, float32, bfloat16, float16")
@@ -194,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", help="auto, cpu, cuda, cuda:N (embedded queue)")
     serve.add_argument("--dtype", help="auto, float32, bfloat16, float16")
     serve.add_argument("--chat-model", help="chat model: name, hub id or folder; '' for none (default vlm-tiny)")
+    _add_load_flags(serve)
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)
 
@@ -205,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--dtype", help="auto, float32, bfloat16, float16")
     worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
     worker.add_argument("--chat-url", help="chat endpoint for prompt_extend / caption_chain, e.g. http://api:8000/v1")
+    _add_load_flags(worker)
     worker.set_defaults(func=cmd_worker)
 
     models = sub.add_parser("models", help="list the model registry")

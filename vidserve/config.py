@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from vidserve.options import AttentionOptions
+from vidserve.options import AttentionOptions, CacheOptions, LoadOptions
 
 
 class Settings(BaseSettings):
@@ -31,6 +31,14 @@ class Settings(BaseSettings):
     attention: AttentionOptions = Field(AttentionOptions(), description="Default attention; JSON, e.g. "
                                         '{"mode": "topk", "density": 0.125}. Requests may override it.')
 
+    cache: CacheOptions = Field(CacheOptions(), description="Default step caching; JSON, e.g. "
+                                '{"kind": "first_block", "threshold": 0.05}. Requests may override it.')
+    # How models load (see LoadOptions): per server, each combination loaded once.
+    quantization: str = Field("none", pattern="^(none|int8|fp8)$", description="Weight-only quantization.")
+    compile: bool = Field(False, description="Regional torch.compile of the transformer blocks, at load.")
+    offload: str = Field("none", pattern="^(none|model|group|sequential)$", description="CPU offload (CUDA).")
+    vae_tiling: bool = Field(False, description="Tiled VAE decoding.")
+
     # The LLM / vision chat path.
     chat_model: str = Field("vlm-tiny", description="Model for /v1/chat/completions and prompt extension "
                             "(a name, hub id or local folder); empty: no chat.")
@@ -52,6 +60,11 @@ class Settings(BaseSettings):
     api_keys: str = Field("", description="Comma-separated keys for 'Authorization: Bearer'; empty: no auth.")
     webhook_url: str | None = Field(None, description="Default webhook for jobs that name none.")
     webhook_secret: str | None = Field(None, description="whsec_... signing secret; made and kept in data_dir if unset.")
+
+    @property
+    def load(self) -> LoadOptions:
+        return LoadOptions(quantization=self.quantization, compile=self.compile, offload=self.offload,
+                           vae_tiling=self.vae_tiling)
 
     @property
     def keys(self) -> frozenset[str]:

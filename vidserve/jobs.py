@@ -229,6 +229,7 @@ def video_object(job: Job) -> dict[str, Any]:
         "guidance_scale": p.get("guidance"),
         "seed": p.get("seed"),
         "attention": p.get("attention"),
+        "cache": p.get("cache"),
         "prompts": p.get("prompts") or None,
         "prompt_extend": p.get("prompt_extend", False),
         "extended_prompt": job.extended_prompt,

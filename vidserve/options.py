@@ -35,6 +35,37 @@ class AttentionOptions(BaseModel):
         return tile
 
 
+class CacheOptions(BaseModel):
+    """Step caching: reuse transformer work across denoising steps, through diffusers' hooks.
+
+    `first_block`: each step runs the first block; while its output changes less than
+    `threshold` (relative) from the step that ran in full, the other blocks' residual is
+    reused. `taylorseer`: full steps every `interval` steps after `warmup_steps`, the
+    steps between predicted from a Taylor expansion of the cached features.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["none", "first_block", "taylorseer"] = "none"
+    threshold: float = Field(0.05, gt=0, le=1, description="first_block: change below which a step is reused.")
+    interval: int = Field(3, ge=1, le=50, description="taylorseer: a full step every `interval` steps.")
+    warmup_steps: int = Field(2, ge=0, le=100, description="taylorseer: the first steps always run in full.")
+
+
+class LoadOptions(BaseModel):
+    """How a model is loaded: fixed for as long as it stays loaded, so set per server (or
+    per CLI run), never per request. Each combination is loaded once and kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    quantization: Literal["none", "int8", "fp8"] = Field(
+        "none", description="Weight-only quantization of the transformer's blocks (torchao); fp8 needs CUDA.")
+    compile: bool = Field(False, description="Regional torch.compile of the transformer blocks.")
+    offload: Literal["none", "model", "group", "sequential"] = Field(
+        "none", description="Keep weights in CPU memory and move them to the GPU as needed (CUDA only).")
+    vae_tiling: bool = Field(False, description="Decode the video in tiles: less memory, for big frames.")
+
+
 class RepetitionOptions(BaseModel):
     """Loop detection for the LLM path: stop a generation that has collapsed into repeating itself.
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
-from vidserve.options import AttentionOptions
+from vidserve.options import AttentionOptions, CacheOptions
 from vidserve.registry import ModelSpec
 
 
@@ -46,6 +46,7 @@ class GenerationRequest:
     # frame each continuation chunk starts from into that chunk's prompt.
     prompt_extend: bool = False
     caption_chain: bool = False
+    cache: CacheOptions = field(default_factory=CacheOptions)
 
     @property
     def seconds(self) -> float:
@@ -101,6 +102,7 @@ def build_request(
     options: dict[str, Any] | None = None,
     prompt_extend: bool = False,
     caption_chain: bool = False,
+    cache: CacheOptions | dict[str, Any] | None = None,
 ) -> GenerationRequest:
     """Check every field against the model and the server limits; fill in defaults.
 
@@ -112,7 +114,8 @@ def build_request(
         return _continuation(spec, settings, prompt, image=image, seconds=seconds, num_frames=num_frames, fps=fps,
                              size=size, steps=steps, guidance=guidance, seed=seed, negative_prompt=negative_prompt,
                              prompts=prompts, drift_correction=drift_correction, attention=attention,
-                             options=options, prompt_extend=prompt_extend, caption_chain=caption_chain)
+                             options=options, prompt_extend=prompt_extend, caption_chain=caption_chain,
+                             cache=cache)
     if spec.needs_image and image is None:
         raise InvalidRequest(f"model {spec.name} is image-to-video: give an image to start from", param="image")
     if image is not None and not spec.accepts_image:
@@ -166,24 +169,30 @@ def build_request(
     if caption_chain and len(chunk_frames) == 1:
         raise InvalidRequest(f"caption_chain captions the frame each chunk continues from, but {num_frames} frames "
                              f"fit in one chunk of {spec.frames_per_chunk}; ask for a longer video", param="caption_chain")
-    if attention is None:
-        attention = settings.attention
-    elif isinstance(attention, dict):
-        # Fields the request leaves out keep the server's default.
-        try:
-            attention = AttentionOptions.model_validate({**settings.attention.model_dump(), **attention})
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field_name = ".".join(str(p) for p in first["loc"])
-            raise InvalidRequest(f"attention.{field_name}: {first['msg']}", param=f"attention.{field_name}") from None
+    attention = _with_defaults(AttentionOptions, "attention", attention, settings.attention)
+    cache = _with_defaults(CacheOptions, "cache", cache, settings.cache)
 
     return GenerationRequest(
         model=spec.name, prompt=prompt, negative_prompt=negative_prompt, image=image,
         width=width, height=height, num_frames=num_frames, fps=fps, steps=steps,
         guidance=guidance, seed=seed, chunk_frames=chunk_frames, prompts=list(prompts or []),
         drift_correction=drift_correction, attention=attention, options=dict(options or {}),
-        prompt_extend=prompt_extend, caption_chain=caption_chain,
+        prompt_extend=prompt_extend, caption_chain=caption_chain, cache=cache,
     )
+
+
+def _with_defaults(options_type, name: str, given, default):
+    """A request's options object; fields it leaves out keep the server's default."""
+    if given is None:
+        return default
+    if isinstance(given, options_type):
+        return given
+    try:
+        return options_type.model_validate({**default.model_dump(), **given})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field_name = ".".join(str(p) for p in first["loc"])
+        raise InvalidRequest(f"{name}.{field_name}: {first['msg']}", param=f"{name}.{field_name}") from None
 
 
 def _check_chain(spec: ModelSpec, chunk_frames: list[int], prompts: list[str] | None, drift_correction: str) -> None:

@@ -125,7 +125,7 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
     writer = HTTPWriter(settings.chat_url, next(iter(settings.keys), None)) if settings.chat_url else None
     runner = JobRunner(settings, store, LocalStorage(settings.data_dir / "files"), metrics,
                        WebhookSender(load_or_create_secret(settings)), writer=writer)
-    get_pipeline(spec, settings.device, settings.dtype)  # resident before the first job arrives
+    get_pipeline(spec, settings.device, settings.dtype, settings.load)  # resident before the first job arrives
 
     app = make_celery(settings)
 

@@ -24,7 +24,7 @@ from vidserve.errors import JobCancelled
 from vidserve.jobs import InvalidTransition, Job, JobStatus, JobStore
 from vidserve.drift import DriftMetrics
 from vidserve.media import encode_mp4, last_frame, load_image, read_video, save_thumbnail
-from vidserve.options import AttentionOptions
+from vidserve.options import AttentionOptions, CacheOptions
 from vidserve.requests import GenerationRequest
 from vidserve.storage import Storage
 from vidserve.telemetry import Metrics
@@ -81,7 +81,8 @@ class JobRunner:
 
             caption = self._require_writer("caption_chain").caption if request.caption_chain else None
             result = generate_video(request, self.settings.device, self.settings.dtype, on_step=self._on_step(job),
-                                    on_chunk=self._on_chunk(job, request.fps), caption=caption)
+                                    on_chunk=self._on_chunk(job, request.fps), caption=caption,
+                                    load=self.settings.load)
             # An extension's video is the source followed by the new frames.
             frames = result.frames if source is None else np.concatenate([source, result.frames])
             start = time.perf_counter()
@@ -109,6 +110,7 @@ class JobRunner:
             drift_correction=p.get("drift_correction", "color"), continuing=source is not None,
             attention=AttentionOptions(**p["attention"]) if "attention" in p else self.settings.attention,
             prompt_extend=p.get("prompt_extend", False), caption_chain=p.get("caption_chain", False),
+            cache=CacheOptions(**p["cache"]) if "cache" in p else self.settings.cache,
         )
 
     def _require_writer(self, option: str) -> PromptWriter:

@@ -174,7 +174,11 @@ class LLMEngine:
         inputs = torch.stack([F.pad(e, (0, 0, length - e.shape[0], 0)) for e in embeds])
         mask = torch.stack([F.pad(torch.ones(e.shape[0], dtype=torch.long, device=e.device), (length - e.shape[0], 0))
                             for e in embeds])
-        positions = (mask.cumsum(1) - 1).clamp_min(0)
+        if self.model.mrope:  # each prompt's own [3, len] positions, left-padded (padding is masked)
+            positions = torch.stack([F.pad(self.model.rope_positions(seq.prompt), (length - e.shape[0], 0))
+                                     for seq, e in zip(seqs, embeds)], dim=1)
+        else:
+            positions = (mask.cumsum(1) - 1).clamp_min(0)
         cache = DynamicCache()
         logits = self.model.forward(cache, mask, positions, inputs_embeds=inputs)
         for seq in seqs:
@@ -184,6 +188,9 @@ class LLMEngine:
 
     def _decode(self) -> None:
         ids, mask, positions = self.batch.decode_inputs()
+        if self.model.mrope:  # generated text continues each prompt's M-RoPE positions, the same in all 3 rows
+            deltas = torch.tensor([[s.prompt.rope_delta] for s in self.batch.seqs], device=positions.device)
+            positions = (positions + deltas).expand(3, -1, -1)
         logits = self.model.forward(self.batch.cache, mask, positions, input_ids=ids)
         self.decode_steps += 1
         self.decoded_tokens += len(self.batch)

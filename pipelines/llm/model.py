@@ -9,6 +9,10 @@ batch with a KV cache and returns the last position's logits.
 Vision-language checkpoints load with `AutoModelForImageTextToText` + `AutoProcessor`
 (LLaVA-1.5, LLaVA-NeXT and other models whose image features replace placeholder
 tokens one for one); text-only ones with `AutoModelForCausalLM` + `AutoTokenizer`.
+Qwen2-VL and Qwen2.5-VL also place tokens with multimodal rotary positions (M-RoPE):
+`encode` computes each image prompt's (3, len) positions with the model's own
+`get_rope_index`, and the engine passes them (and, when decoding, the count of real
+tokens plus the prompt's `rope_delta`) explicitly.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from transformers import (
     AutoProcessor,
     AutoTokenizer,
     DynamicCache,
+    Qwen2_5_VLProcessor,
+    Qwen2VLProcessor,
 )
 
 from vidserve.chat import ChatImage
@@ -40,6 +46,27 @@ from .tiny import build_tiny_vlm
 class Prompt:
     token_ids: list[int]
     images: list[ChatImage] = field(default_factory=list)
+    # M-RoPE models only. An image's tokens take (t, h, w) grid positions, so the text
+    # after it continues from the grid's largest position + 1, not from its token count:
+    # `positions` are the prompt's [3, tokens] (None: a text-only prompt, 0..n-1 in all
+    # three rows), and the position of generated token i is prompt tokens + i + `rope_delta`.
+    positions: torch.Tensor | None = None
+    rope_delta: int = 0
+
+
+def _without_video(processor_class):
+    """The processor minus its video processor, which transformers requires for Qwen2-VL's
+    processors and which needs torchvision (not a dependency). The engine takes images only."""
+    class ImagesOnly(processor_class):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = f"{processor_class.__name__}ImagesOnly"
+    return ImagesOnly
+
+
+# model_type -> the processor the engine loads for it: the M-RoPE models it supports.
+MROPE_PROCESSORS = {"qwen2_vl": _without_video(Qwen2VLProcessor), "qwen2_5_vl": _without_video(Qwen2_5_VLProcessor)}
 
 
 class ChatModel:
@@ -56,6 +83,12 @@ class ChatModel:
         if "sliding_attention" in (getattr(text_config, "layer_types", None) or []):
             # The batch keeps full caches; a sliding window would silently attend too far.
             raise ValueError(f"{spec.name}: sliding-window attention layers are not supported by the engine yet")
+        self.mrope = config.model_type in MROPE_PROCESSORS
+        if not self.mrope and hasattr(getattr(model, "model", None), "get_rope_index"):
+            # Other M-RoPE families differ (interleaved sections, timestamps, features fed to
+            # decoder layers): without their positions they would answer wrongly, not fail.
+            raise ValueError(f"{spec.name}: {config.model_type}'s multimodal rotary positions are not supported "
+                             "by the engine yet")
         self.vocab_size = text_config.vocab_size
         self.max_context = int(getattr(text_config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
         eos = model.generation_config.eos_token_id
@@ -83,7 +116,8 @@ class ChatModel:
     def _from_pretrained(cls, spec, source: str, device: torch.device, dtype: torch.dtype) -> "ChatModel":
         if spec.vision:
             model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype)
-            processor = AutoProcessor.from_pretrained(source)
+            processor_class = MROPE_PROCESSORS.get(model.config.model_type, AutoProcessor)
+            processor = processor_class.from_pretrained(source)
         else:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
             processor = AutoTokenizer.from_pretrained(source)
@@ -103,11 +137,23 @@ class ChatModel:
         except Exception as exc:  # templates raise on what their model can't take (roles, order)
             raise InvalidRequest(f"the chat template of {self.spec.name!r} rejected the messages: {exc}",
                                  param="messages") from exc
-        if images:
-            encoded = self.processor(text=text, images=[i.image for i in images], add_special_tokens=False)
-        else:
-            encoded = self.tokenizer(text, add_special_tokens=False)
-        return Prompt(token_ids=list(encoded["input_ids"][0] if images else encoded["input_ids"]), images=images)
+        if not images:
+            return Prompt(token_ids=list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
+        encoded = self.processor(text=text, images=[i.image for i in images], add_special_tokens=False,
+                                 return_tensors="pt")
+        prompt = Prompt(token_ids=encoded["input_ids"][0].tolist(), images=images)
+        if self.mrope:
+            positions, delta = self.model.model.get_rope_index(
+                encoded["input_ids"], mm_token_type_ids=encoded["mm_token_type_ids"],
+                image_grid_thw=encoded["image_grid_thw"])
+            prompt.positions, prompt.rope_delta = positions[:, 0], int(delta)
+        return prompt
+
+    def rope_positions(self, prompt: Prompt) -> torch.Tensor:
+        """[3, tokens] M-RoPE positions of a prompt, on the model's device."""
+        if prompt.positions is None:
+            return torch.arange(len(prompt.token_ids), device=self.device).expand(3, -1)
+        return prompt.positions.to(self.device)
 
     @torch.inference_mode()
     def prompt_embeddings(self, prompt: Prompt) -> torch.Tensor:
@@ -147,7 +193,11 @@ class ChatModel:
     @torch.inference_mode()
     def forward(self, cache: DynamicCache, attention_mask: torch.Tensor, position_ids: torch.Tensor, *,
                 input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, vocab] of the last position; `cache` grows by the new tokens."""
+        """Logits [batch, vocab] of the last position; `cache` grows by the new tokens.
+
+        `position_ids` is [batch, new tokens], or [3, batch, new tokens] for M-RoPE models:
+        given explicitly, Qwen2-VL never falls back on the `rope_deltas` it keeps from its
+        last call (one batch's, not each sequence's)."""
         out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                          position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
