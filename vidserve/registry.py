@@ -169,6 +169,8 @@ CHAT_MODELS: dict[str, ChatModelSpec] = {
         ChatModelSpec("llava-1.5-7b", "llava-hf/llava-1.5-7b-hf", True, "LLaVA-1.5 7B"),
         ChatModelSpec("llava-v1.6-mistral-7b", "llava-hf/llava-v1.6-mistral-7b-hf", True, "LLaVA-NeXT Mistral 7B"),
         ChatModelSpec("Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", False, "Qwen2.5 0.5B, text only"),
+        ChatModelSpec("Qwen2-VL-2B-Instruct", "Qwen/Qwen2-VL-2B-Instruct", True, "Qwen2-VL 2B (images; M-RoPE)"),
+        ChatModelSpec("Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct", True, "Qwen2.5-VL 3B (images; M-RoPE)"),
     ]
 }
 

@@ -103,10 +103,12 @@ def build_tiny_qwen2vl():
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIALS}
     torch.manual_seed(0)
+    # Weights larger than transformers' 0.02 default and a low rope theta, so that attention
+    # is far from uniform and every (t, h, w) row rotates: wrong positions change the tokens.
     text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.15,
                 # head_dim 16: 8 rotary frequencies, split over (t, h, w)
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                rope_parameters={"rope_type": "default", "rope_theta": 100.0, "mrope_section": [2, 3, 3]},
                 bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2)
