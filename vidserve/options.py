@@ -72,7 +72,7 @@ class RepetitionOptions(BaseModel):
     Collapse ("S S S S ...") usually comes from a software or kernel fault, not the
     weights, and at any temperature; a production endpoint cuts it short instead of
     burning the whole token budget. Characters that legitimately repeat (table rules,
-    indentation) are exempt.
+    indentation, and digits: 10000 and 0.0001 are numbers, not loops) are exempt.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -81,4 +81,5 @@ class RepetitionOptions(BaseModel):
     token_repeats: int = Field(4, ge=2, le=1000, description="Stop once one token occurs this many times in a row.")
     ngram_max: int = Field(8, ge=0, le=64, description="Longest repeating pattern checked, in tokens (0: none).")
     ngram_repeats: int = Field(4, ge=2, le=100, description="Stop once a 2..ngram_max token pattern repeats this often.")
-    exempt: str = Field(" \t\r\n-=|_*~#.", description="Tokens made only of these characters may repeat.")
+    exempt: str = Field(" \t\r\n-=|_*~#.0123456789",
+                        description="Tokens made only of these characters may repeat.")

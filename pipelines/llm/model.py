@@ -73,7 +73,7 @@ class ChatModel:
     def __init__(self, spec: ChatModelSpec, model, processor, device: torch.device, feature_cache_size: int = 64):
         self.spec = spec
         self.model = model
-        self.processor = processor  # an AutoProcessor for vision models, the tokenizer otherwise
+        self.processor = processor  # the model's processor for vision models, the tokenizer otherwise
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.device = device
         config = model.config

@@ -57,7 +57,10 @@ def build_tiny_vlm() -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
     text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+                       # Sharper attention and faster-turning rotary phases than the defaults, so
+                       # that a wrong position id changes the tokens (tests rely on it).
+                       initializer_range=0.15, rope_parameters={"rope_type": "default", "rope_theta": 100.0})
     config = LlavaConfig(vision_config=vision, text_config=text,
                          image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
                          vision_feature_layer=-1, vision_feature_select_strategy="default")

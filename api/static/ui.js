@@ -1,0 +1,66 @@
+// Small shared pieces: element lookup, buttons that stay focusable when unavailable, and the
+// wording of a video's status, timings and drift metrics (the live panel and the gallery agree).
+
+export const $ = (id) => document.getElementById(id);
+
+export const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+
+// aria-disabled rather than disabled: a disabled button drops keyboard focus to <body> when it is
+// the focused one (Enter on "Generate", say), so buttons stay focusable and handlers check this.
+export function setEnabled(button, on) {
+  button.setAttribute("aria-disabled", String(!on));
+}
+
+export function isEnabled(button) {
+  return button.getAttribute("aria-disabled") !== "true";
+}
+
+// el("p", {className: "x"}, "text", child): a tiny element builder; text goes in as text, never HTML.
+export function el(tag, props = {}, ...children) {
+  const node = Object.assign(document.createElement(tag), props);
+  node.append(...children.filter((c) => c !== null && c !== undefined && c !== false));
+  return node;
+}
+
+const STATUS = { queued: "queued", in_progress: "in progress", completed: "completed", failed: "failed",
+                 cancelled: "cancelled" };
+
+export function statusText(video, withPercent = true) {
+  let text = STATUS[video.status] ?? video.status;
+  if (video.status === "in_progress" && withPercent) text += ` · ${video.progress}%`;
+  if (video.status === "completed" && video.completed_at) text += ` in ${video.completed_at - video.created_at} s`;
+  if (video.status === "failed" && video.error) text += `: ${video.error.message}`;
+  return text;
+}
+
+const secs = (x) => `${x < 10 ? x.toFixed(2) : x.toFixed(1)} s`;
+
+// [label, text] pairs: time queued, each measured phase (load, denoise, decode, encode), total.
+export function timings(video) {
+  const rows = [];
+  if (video.started_at) rows.push(["queued", `${video.started_at - video.created_at} s`]);
+  for (const [phase, value] of Object.entries(video.timings ?? {})) {
+    if (typeof value === "number") rows.push([phase, secs(value)]);
+  }
+  if (video.completed_at) rows.push(["total", `${video.completed_at - video.created_at} s`]);
+  return rows;
+}
+
+// One chunk's drift against the first chunk: brightness change, sharpness ratio, histogram distance.
+export function drift(d) {
+  if (!d) return "no drift metrics";
+  const parts = [];
+  if (typeof d.luma_change === "number") {
+    parts.push(`luma ${d.luma_change >= 0 ? "+" : "−"}${Math.abs(d.luma_change * 100).toFixed(1)}%`);
+  }
+  if (typeof d.sharpness_ratio === "number") parts.push(`sharpness ×${d.sharpness_ratio.toFixed(2)}`);
+  if (typeof d.histogram_distance === "number") parts.push(`histogram ${d.histogram_distance.toFixed(3)}`);
+  return parts.join(" · ") || "no drift metrics";
+}
+
+// The gallery's one line: how many chunks, and the last one's drift (drift grows along a chain).
+export function driftSummary(chunks) {
+  if (!chunks?.length) return "—";
+  const last = chunks.reduce((a, b) => (b.index > a.index ? b : a));
+  return chunks.length === 1 ? `1 chunk: ${drift(last.drift)}` : `${chunks.length} chunks; last: ${drift(last.drift)}`;
+}

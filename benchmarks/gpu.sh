@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# GPU figures for issue 7 in one run on a lent CUDA machine (an H200: ~139 GiB, no network).
+#
+#   OUT=/tmp/out bash benchmarks/gpu.sh                 # from anywhere; PYTHON=... picks the interpreter
+#   SMALL=1 OUT=/tmp/out bash benchmarks/gpu.sh         # check this script on a CPU (tiny shapes, seconds)
+#
+# What comes back under $OUT (default benchmarks/results/gpu), five files:
+#   env.log                nvidia-smi summary; python, torch, CUDA, triton, diffusers versions
+#   gpu_attention.{log,json}  Triton block-sparse attention vs SDPA flash, Wan2.1-1.3B shapes (L=32760)
+#   gpu_steps.{log,json}   Wan2.1-1.3B and 14B transformers (random bf16 weights) at 480x832x81:
+#                          s per denoising step dense / topk / cache / topk+cache, attention
+#                          TFLOP/s, peak memory (see benchmarks/gpu_steps.py)
+# Expected about 3 minutes on an H200 (imports included). Each step has a timeout (90 s, 330 s)
+# and gpu_steps.py starts no variant after 240 s, so it ends within about 7.5 minutes.
+#
+# Nothing is installed there (no network). The machine's image has torch and triton but no
+# diffusers or pydantic: carry them as wheels in $WHEELS (default .whl in the repo root; made
+# on a machine with network, e.g. for its Python 3.12 with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .whl diffusers==0.42.1 pydantic==2.13.4 \
+#     pydantic-core==2.46.4 annotated-types typing-inspection
+# , about 9 MB: the image's huggingface-hub, safetensors, transformers and pillow do). They are
+# unpacked (no pip) into a temporary folder put on PYTHONPATH. vidserve need not be installed:
+# if it does not import, a temporary package of links to this checkout stands in.
+set -euo pipefail
+
+# Paths given relative to the caller's folder stay valid after the cd to the repo root.
+if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); fi
+if [[ "${PYTHON:-}" == */* ]]; then PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")"; fi
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-benchmarks/results/gpu}"
+if [[ -z "${PYTHON:-}" ]]; then  # python, else python3 (the H200 image's torch is under python3)
+  for PYTHON in python python3 ""; do
+    [[ -n "$PYTHON" ]] && command -v "$PYTHON" >/dev/null && "$PYTHON" -c "import torch" 2>/dev/null && break
+  done
+  [[ -n "$PYTHON" ]] || { echo "gpu.sh: no python with torch on PATH; set PYTHON" >&2; exit 2; }
+fi
+WHEELS="${WHEELS:-.whl}"  # relative to the repo root
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+start=$SECONDS
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$site/"; done
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# Checks run from "$site": from the repo root, ./vidserve (the top package alone) would shadow the stand-in.
+if ! (cd "$site" && "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vidserve.kernels') is None)" 2>/dev/null); then
+  # pyproject maps vidserve.kernels -> kernels/, vidserve.pipelines -> pipelines/, ...
+  mkdir "$site/vidserve"
+  ln -s "$PWD"/vidserve/*.py "$site/vidserve/"
+  for sub in kernels pipelines api workers; do ln -s "$PWD/$sub" "$site/vidserve/$sub"; done
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+{
+  echo "== $(date -u +%FT%TZ) $(hostname), $(nproc) CPUs"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
+    nvidia-smi
+  else
+    echo "nvidia-smi: not found"
+  fi
+  (cd "$site" && "$PYTHON" -) <<'PY'
+import importlib, sys
+import torch
+print("python", sys.version.split()[0], sys.executable)
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "GPU", torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+for name in ("triton", "diffusers", "transformers", "pydantic"):
+    try:
+        module = importlib.import_module(name)
+        print(name, module.__version__, module.__file__)
+    except ImportError as error:
+        print(name, "MISSING:", error)
+# Fail in seconds, not after minutes of device time, when something the benchmarks need is missing.
+try:
+    import vidserve.pipelines.attention, vidserve.pipelines.speedups  # noqa: E401
+    print("vidserve", vidserve.pipelines.attention.__file__)
+except ImportError as error:
+    sys.exit(f"gpu.sh: vidserve's pipelines do not import ({error}); carry the missing wheels (see gpu.sh)")
+PY
+} 2>&1 | tee "$OUT/env.log"
+
+status=0
+if [[ "${SMALL:-0}" == 1 ]]; then
+  echo "SMALL=1: skipping gpu_attention.py (needs a GPU)" | tee "$OUT/gpu_attention.log"
+  steps_args=(--small)
+else
+  timeout 90 "$PYTHON" benchmarks/gpu_attention.py --json "$OUT/gpu_attention.json" 2>&1 \
+    | tee "$OUT/gpu_attention.log" || status=$?
+  echo "gpu_attention.py: exit $status, $((SECONDS - start)) s so far" | tee -a "$OUT/gpu_attention.log"
+  steps_args=()
+fi
+# Variants stop starting at --deadline; the timeout is the backstop (the JSON keeps what finished).
+timeout 330 "$PYTHON" benchmarks/gpu_steps.py --deadline 240 --json "$OUT/gpu_steps.json" ${steps_args[@]+"${steps_args[@]}"} 2>&1 \
+  | tee "$OUT/gpu_steps.log" || status=$?
+echo "gpu.sh: done in $((SECONDS - start)) s, exit $status; files in $OUT:" | tee -a "$OUT/gpu_steps.log"
+ls -l "$OUT"
+exit "$status"

@@ -1,0 +1,282 @@
+"""The playground page at `/`, driven end to end in headless Chromium against real servers:
+a wan-tiny job submitted with the keyboard (progress moves, the <video> plays the result,
+chunks and the gallery show timings and drift), a second job cancelled, a chat answer
+streamed in, the API's errors shown in the page, and a keyed server asking for its key.
+
+Needs Playwright's Python client and a Chromium binary (Debian's `chromium`; `.ci/run`
+installs both); skipped without them. Screenshots go to the test's tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageStat
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+from servers import Server  # noqa: E402
+
+CHROMIUM = os.environ.get("VIDSERVE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (apt-get install chromium)")
+
+KEY = "playground-test-key"
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """An open server (chat on) and a keyed one (no chat model), started side by side."""
+    root = tmp_path_factory.mktemp("playground")
+    open_server = Server(root / "open" / "data")
+    keyed = Server(root / "keyed" / "data", extra=["--api-key", KEY, "--chat-model", ""])
+    for server in (open_server, keyed):
+        server.data_dir.parent.mkdir(parents=True)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda s: s.start(), (open_server, keyed)))
+        yield open_server, keyed
+    finally:
+        open_server.stop()
+        keyed.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors, hosts = [], set()
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("request", lambda request: hosts.add(request.url.split("/")[2] if "://" in request.url else request.url))
+    yield page
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+    # Nothing loads from the network: every request went to the server under test (or a blob:).
+    assert all(h.startswith("127.0.0.1:") or h.startswith("blob:") for h in hosts), hosts
+
+
+def tab_to(page, selector: str, limit: int = 60) -> None:
+    """Press Tab until `selector` has focus: the way a keyboard user gets there."""
+    for _ in range(limit):
+        if page.evaluate("s => document.activeElement === document.querySelector(s)", selector):
+            return
+        page.keyboard.press("Tab")
+    raise AssertionError(f"Tab never reached {selector}")
+
+
+def wait_until(page, expression: str, timeout: float = WAIT_MS / 1000) -> None:
+    """Poll a JavaScript expression until it is truthy. (Playwright's wait_for_function evaluates
+    its predicate with eval, which the page's Content-Security-Policy rightly refuses.)"""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for: {expression}")
+        page.wait_for_timeout(50)
+
+
+def focused_id(page) -> str:
+    return page.evaluate("document.activeElement.id")
+
+
+def assert_not_blank(png: Path, min_side: int = 64) -> None:
+    assert png.stat().st_size > 1000, png
+    with Image.open(png) as image:
+        assert min(image.size) >= min_side, image.size
+        assert max(ImageStat.Stat(image.convert("L")).stddev) > 5, f"{png} is one flat colour"
+
+
+def test_page_and_assets_load_without_a_key(servers):
+    _, keyed = servers
+    with urllib.request.urlopen(f"{keyed.url}/") as response:
+        assert response.status == 200 and "text/html" in response.headers["content-type"]
+        assert "default-src 'self'" in response.headers["content-security-policy"]
+        html = response.read().decode()
+    for asset in ("style.css", "app.js", "api.js", "ui.js", "job.js", "gallery.js", "chat.js"):
+        with urllib.request.urlopen(f"{keyed.url}/static/{asset}") as response:
+            assert response.status == 200, asset
+    assert "/static/app.js" in html and "://" not in html  # no remote URLs
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(f"{keyed.url}/v1/models")
+    assert denied.value.code == 401
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"{keyed.url}/static/../pyproject.toml")
+    assert missing.value.code == 404
+
+
+def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
+    server, _ = servers
+    page.goto(server.url)
+    wait_until(page, "document.querySelector('#model').options.length > 1")
+
+    # An empty prompt: the API's own message, and focus on the field it names.
+    tab_to(page, "#generate")
+    assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"  # visible focus
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#job-error:not([hidden])")
+    assert "prompt" in page.text_content("#job-error")
+    assert focused_id(page) == "prompt"
+
+    page.keyboard.type("a red fox in snow")
+    page.keyboard.press("Tab")
+    assert focused_id(page) == "model"
+    page.keyboard.type("wan-tiny")  # type-to-select in a closed <select>
+    assert page.input_value("#model") == "wan-tiny"
+    tab_to(page, "#size")
+    page.keyboard.type("65x64")
+    page.keyboard.press("Enter")  # implicit submission from a text field
+    wait_until(page, "document.querySelector('#job-error').textContent.includes('multiples of 16')")
+    assert focused_id(page) == "size" and page.get_attribute("#size", "aria-invalid") == "true"
+    page.keyboard.press("Control+A")
+    page.keyboard.type("64x64")
+    for field, value in (("#seconds", "2"), ("#seed", "7"), ("#steps", "4")):
+        tab_to(page, field)
+        page.keyboard.type(value)
+    page.evaluate("""() => {  // record every value the progress bar shows
+        window.progressSeen = [];
+        const bar = document.querySelector('#live-progress');
+        new MutationObserver(() => window.progressSeen.push(bar.value)).observe(bar, {attributes: true});
+    }""")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#live:not([hidden])")
+    job_id = page.text_content("#live-id")
+    assert job_id.startswith("video_")
+    assert page.is_hidden("#job-error")
+
+    wait_until(page, "document.querySelector('#live-status').textContent.startsWith('completed')")
+    wait_until(page, "(v => v.readyState >= 2 && v.duration > 0)(document.querySelector('#live-video'))")
+    duration = page.evaluate("document.querySelector('#live-video').duration")
+    assert 1.5 < duration < 3, duration  # 33 frames at 16 fps
+    seen = page.evaluate("window.progressSeen")
+    assert seen == sorted(seen) and seen[-1] == 100, seen
+    assert any(0 < v < 100 for v in seen), f"progress never moved between 0 and 100: {seen}"
+    assert page.locator("#live-chunks li").count() == 1  # 2 s of wan-tiny is one 33-frame chunk
+    assert "luma" in page.text_content("#live-chunks li p")
+    wait_until(page, "document.querySelector('#live-chunks video').duration > 0")
+    assert "denoise" in page.text_content("#live-timings")
+    assert page.get_attribute("#live-download", "download") == f"{job_id}.mp4"
+
+    row = page.locator(f"#gallery-rows tr[data-id='{job_id}']")
+    row.locator("td.status.completed").wait_for()
+    assert "denoise" in row.text_content() and "luma" in row.text_content()
+    row.locator("img").wait_for()
+
+    page.evaluate("document.querySelector('#live-video').pause()")
+    shots = tmp_path / "job-completed.png", tmp_path / "job-video.png"
+    page.screenshot(path=shots[0], full_page=True)
+    page.locator("#live-video").screenshot(path=shots[1])
+    for shot in shots:
+        assert_not_blank(shot)
+
+    # A long job, cancelled from the keyboard: the live panel and the gallery say so.
+    page.focus("#prompt")
+    page.keyboard.press("Control+A")
+    page.keyboard.type("a long one")
+    tab_to(page, "#seconds")
+    page.keyboard.press("Control+A")
+    page.keyboard.type("20")
+    tab_to(page, "#steps")
+    page.keyboard.press("Control+A")
+    page.keyboard.type("100")
+    page.keyboard.press("Enter")
+    wait_until(page, f"(id => id && id !== {json.dumps(job_id)})(document.querySelector('#live-id').textContent)")
+    second = page.text_content("#live-id")
+    tab_to(page, "#cancel")
+    page.keyboard.press("Enter")
+    wait_until(page, "document.querySelector('#live-status').textContent === 'cancelled'")
+    assert page.get_attribute("#cancel", "aria-disabled") == "true"
+    page.locator(f"#gallery-rows tr[data-id='{second}'] td.status.cancelled").wait_for()
+    page.screenshot(path=tmp_path / "job-cancelled.png", full_page=True)
+    assert_not_blank(tmp_path / "job-cancelled.png")
+
+
+def test_chat_streams_an_answer(servers, page, tmp_path):
+    server, _ = servers
+    image = tmp_path / "frame.png"
+    Image.radial_gradient("L").convert("RGB").resize((64, 64)).save(image)
+    page.goto(server.url)
+    wait_until(page, "document.querySelector('#chat-model').textContent.includes('vlm-tiny')")
+
+    tab_to(page, "#chat-input")
+    page.keyboard.type("What is in this picture?")
+    page.set_input_files("#chat-image", str(image))  # the OS file dialog is beyond a browser test
+    page.evaluate("""() => {  // record the answer's length each time the page changes it
+        window.answerLengths = [];
+        const log = document.querySelector('#chat-log');
+        new MutationObserver(() => {
+            const answer = log.querySelector('li.assistant:last-child .text');
+            if (answer) window.answerLengths.push(answer.textContent.length);
+        }).observe(log, {childList: true, subtree: true, characterData: true});
+    }""")
+    page.focus("#chat-input")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#chat-log li.assistant .text:not([aria-busy])")
+    answer = page.text_content("#chat-log li.assistant .text")
+    lengths = [n for n in page.evaluate("window.answerLengths") if n]
+    assert answer and lengths[-1] == len(answer)
+    assert len(set(lengths)) >= 2, f"the answer arrived in one piece, not streamed: {lengths}"
+    assert page.locator("#chat-log li.user img").count() == 1
+    assert page.input_value("#chat-input") == ""
+    assert page.is_hidden("#chat-error")
+
+    # An error from the API (max_tokens over the server's limit) is shown, and the message kept.
+    page.fill("#chat-max", "1000000")
+    page.focus("#chat-input")
+    page.keyboard.type("again")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#chat-error:not([hidden])")
+    assert "max_tokens" in page.text_content("#chat-error")
+    assert page.input_value("#chat-input") == "again"
+    page.screenshot(path=tmp_path / "chat.png", full_page=True)
+    assert_not_blank(tmp_path / "chat.png")
+
+
+def test_keyed_server_asks_for_the_key(servers, page, tmp_path):
+    _, keyed = servers
+    page.goto(keyed.url)
+    page.wait_for_selector("#job-error:not([hidden])")
+    assert "missing or invalid API key" in page.text_content("#job-error")
+    assert "missing or invalid API key" in page.text_content("#gallery-error")
+    assert page.get_attribute("#key-box", "open") is not None
+    assert "needs an API key" in page.text_content("#key-status")
+    page.screenshot(path=tmp_path / "key-needed.png", full_page=True)
+    assert_not_blank(tmp_path / "key-needed.png")
+
+    tab_to(page, "#api-key")
+    page.keyboard.type("wrong-key")
+    page.keyboard.press("Enter")
+    wait_until(page, "document.querySelector('#key-status').textContent.includes('refused')")
+
+    page.focus("#api-key")
+    page.keyboard.type(KEY)
+    page.keyboard.press("Enter")
+    wait_until(page, "document.querySelector('#model').options.length > 1")
+    wait_until(page, "document.querySelector('#page-info').textContent === 'No jobs yet.'")
+    assert page.is_hidden("#job-error") and page.is_hidden("#gallery-error")
+    assert "no chat model" in page.text_content("#chat-model")
+    assert page.is_disabled("#chat-input")
+    assert page.evaluate("sessionStorage.getItem('vidserve.apiKey')") == KEY
+    assert page.evaluate("localStorage.getItem('vidserve.apiKey')") is None
+    assert KEY not in page.url
+
+    # The key is sent with the form's calls too: a bad size is the API's 400, not a 401.
+    page.fill("#prompt", "x")
+    page.fill("#size", "64x65")
+    page.focus("#size")
+    page.keyboard.press("Enter")
+    wait_until(page, "document.querySelector('#job-error').textContent.includes('multiples of 16')")
