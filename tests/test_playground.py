@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from PIL import Image, ImageStat
@@ -63,12 +64,12 @@ def page(browser):
     page.set_default_timeout(WAIT_MS)
     errors, hosts = [], set()
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("request", lambda request: hosts.add(request.url.split("/")[2] if "://" in request.url else request.url))
+    page.on("request", lambda request: hosts.add(urlsplit(request.url).netloc or urlsplit(request.url).scheme))
     yield page
     context.close()
     assert not errors, f"uncaught errors in the page: {errors}"
-    # Nothing loads from the network: every request went to the server under test (or a blob:).
-    assert all(h.startswith("127.0.0.1:") or h.startswith("blob:") for h in hosts), hosts
+    # Nothing loads from the network: every request went to the server under test, or is a blob: or data: URL.
+    assert all(h.startswith("127.0.0.1:") or h in ("blob", "data") for h in hosts), hosts
 
 
 def tab_to(page, selector: str, limit: int = 60) -> None:
@@ -183,16 +184,27 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
     for shot in shots:
         assert_not_blank(shot)
 
-    # A long job, cancelled from the keyboard: the live panel and the gallery say so.
+    # A long image-to-video job with top-k attention, cancelled from the keyboard.
+    image = tmp_path / "first.png"
+    Image.radial_gradient("L").convert("RGB").resize((64, 64)).save(image)
     page.focus("#prompt")
     page.keyboard.press("Control+A")
     page.keyboard.type("a long one")
-    tab_to(page, "#seconds")
-    page.keyboard.press("Control+A")
-    page.keyboard.type("20")
-    tab_to(page, "#steps")
-    page.keyboard.press("Control+A")
-    page.keyboard.type("100")
+    tab_to(page, "#model")
+    page.keyboard.type("wan-tiny-i2v")
+    assert page.input_value("#model") == "wan-tiny-i2v"
+    for field, value in (("#seconds", "20"), ("#steps", "100")):
+        tab_to(page, field)
+        page.keyboard.press("Control+A")
+        page.keyboard.type(value)
+    tab_to(page, "input[name=attention]:checked")
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")  # arrows move through a radio group: dense, then top-k
+    assert page.evaluate("document.activeElement.value") == "topk"
+    page.keyboard.press("Tab")
+    assert focused_id(page) == "density"
+    page.keyboard.type("0.25")
+    page.set_input_files("#input_reference", str(image))  # the OS file dialog is beyond a browser test
     page.keyboard.press("Enter")
     wait_until(page, f"(id => id && id !== {json.dumps(job_id)})(document.querySelector('#live-id').textContent)")
     second = page.text_content("#live-id")
@@ -201,8 +213,20 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
     wait_until(page, "document.querySelector('#live-status').textContent === 'cancelled'")
     assert page.get_attribute("#cancel", "aria-disabled") == "true"
     page.locator(f"#gallery-rows tr[data-id='{second}'] td.status.cancelled").wait_for()
+    with urllib.request.urlopen(f"{server.url}/v1/videos/{second}") as response:
+        video = json.load(response)
+    assert video["model"] == "wan-tiny-i2v" and video["has_input_reference"]
+    assert (video["seconds"], video["num_inference_steps"]) == ("20", 100)
+    assert video["attention"]["mode"] == "topk" and video["attention"]["density"] == 0.25
     page.screenshot(path=tmp_path / "job-cancelled.png", full_page=True)
     assert_not_blank(tmp_path / "job-cancelled.png")
+
+    # The gallery's Show puts the finished job back in the player.
+    tab_to(page, f"button[data-id='{job_id}'][data-action='show']")
+    page.keyboard.press("Enter")
+    wait_until(page, f"document.querySelector('#live-id').textContent === {json.dumps(job_id)}")
+    wait_until(page, "document.querySelector('#live-video').duration > 0")
+    assert page.locator("#live-chunks li").count() == 1
 
 
 def test_chat_streams_an_answer(servers, page, tmp_path):

@@ -40,8 +40,8 @@ class CacheOptions(BaseModel):
 
     `first_block`: each step runs the first block; while its output changes less than
     `threshold` (relative) from the step that ran in full, the other blocks' residual is
-    reused. `taylorseer`: full steps every `interval` steps after `warmup_steps`, the
-    steps between predicted from a Taylor expansion of the cached features.
+    reused. `taylorseer`: full steps every `interval` steps after `warmup_steps`; the
+    steps between skip the blocks and predict the output from a Taylor expansion.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -197,7 +197,8 @@ function render(video) {
 function addChunk(job, index, frames, metrics) {
   if (job.chunks.has(index)) return;
   job.chunks.add(index);
-  const player = el("video", { controls: true, muted: true, loop: true, playsInline: true });
+  // preload "auto": the blob is in memory already, and the first frame then shows at once.
+  const player = el("video", { controls: true, muted: true, loop: true, playsInline: true, preload: "auto" });
   player.setAttribute("aria-label", `Chunk ${index + 1}`);
   const caption = el("p", {}, `Chunk ${index + 1}: ${frames} frames; ${drift(metrics)}`);
   const item = el("li", {}, caption, player);
