@@ -10,7 +10,7 @@ from vidserve import __version__
 from vidserve.config import Settings, get_settings
 
 from . import errors
-from .routers import chat, health, metrics, models, videos
+from .routers import chat, health, metrics, models, playground, videos
 from .services import Services, build_services
 
 
@@ -29,6 +29,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(title="vidserve", version=__version__, lifespan=lifespan)
     app.state.services = services
     errors.install(app)
-    for router in (videos.router, chat.router, models.router, health.router, metrics.router):
+    for router in (videos.router, chat.router, models.router, health.router, metrics.router, playground.router):
         app.include_router(router)
     return app

@@ -3,8 +3,9 @@ a wan-tiny job submitted with the keyboard (progress moves, the <video> plays th
 chunks and the gallery show timings and drift), a second job cancelled, a chat answer
 streamed in, the API's errors shown in the page, and a keyed server asking for its key.
 
-Needs Playwright's Python client and a Chromium binary (Debian's `chromium`; `.ci/run`
-installs both); skipped without them. Screenshots go to the test's tmp_path."""
+The browser tests need Playwright's Python client and a Chromium binary (Debian's
+`chromium`, or VIDSERVE_CHROMIUM; `.ci/run` installs both) and skip without them.
+Screenshots go to each test's tmp_path."""
 
 from __future__ import annotations
 
@@ -21,12 +22,9 @@ from urllib.parse import urlsplit
 import pytest
 from PIL import Image, ImageStat
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-
-from servers import Server  # noqa: E402
+from servers import Server
 
 CHROMIUM = os.environ.get("VIDSERVE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (apt-get install chromium)")
 
 KEY = "playground-test-key"
 WAIT_MS = 60_000
@@ -51,6 +49,10 @@ def servers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
+    """Headless Chromium; the browser tests skip without Playwright or a Chromium binary."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    if CHROMIUM is None:
+        pytest.skip("no Chromium binary (apt-get install chromium, or set VIDSERVE_CHROMIUM)")
     with sync_api.sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         yield chromium
@@ -111,7 +113,7 @@ def test_page_and_assets_load_without_a_key(servers):
     for asset in ("style.css", "app.js", "api.js", "ui.js", "job.js", "gallery.js", "chat.js"):
         with urllib.request.urlopen(f"{keyed.url}/static/{asset}") as response:
             assert response.status == 200, asset
-    assert "/static/app.js" in html and "://" not in html  # no remote URLs
+    assert "static/app.js" in html and "://" not in html  # no remote URLs
     with pytest.raises(urllib.error.HTTPError) as denied:
         urllib.request.urlopen(f"{keyed.url}/v1/models")
     assert denied.value.code == 401
@@ -145,7 +147,8 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
     assert focused_id(page) == "size" and page.get_attribute("#size", "aria-invalid") == "true"
     page.keyboard.press("Control+A")
     page.keyboard.type("64x64")
-    for field, value in (("#seconds", "2"), ("#seed", "7"), ("#steps", "4")):
+    # 8 steps: few enough to be quick, enough that the stream (polled every 0.2 s) shows some.
+    for field, value in (("#seconds", "2"), ("#seed", "7"), ("#steps", "8")):
         tab_to(page, field)
         page.keyboard.type(value)
     page.evaluate("""() => {  // record every value the progress bar shows
@@ -225,6 +228,7 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
     tab_to(page, f"button[data-id='{job_id}'][data-action='show']")
     page.keyboard.press("Enter")
     wait_until(page, f"document.querySelector('#live-id').textContent === {json.dumps(job_id)}")
+    assert focused_id(page) == "live-h"
     wait_until(page, "document.querySelector('#live-video').duration > 0")
     assert page.locator("#live-chunks li").count() == 1
 

@@ -2,6 +2,7 @@
 // {"error": {"message", "param", ...}}, media as blobs, and Server-Sent Events read with
 // fetch. Every call carries the key as a header, which <video src>, <img src> and
 // EventSource cannot do; that is why media are fetched as blobs and SSE is parsed by hand.
+// Paths are relative ("v1/..."), so the page also works behind a proxy that adds a prefix.
 
 const KEY = "vidserve.apiKey";
 

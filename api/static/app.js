@@ -35,7 +35,7 @@ $("forget").addEventListener("click", () => {
 
 async function loadModels() {
   try {
-    const { data } = await api.getJSON("/v1/models");
+    const { data } = await api.getJSON("v1/models");
     jobs.setModels(data.filter((m) => m.kind !== "chat"));
     chat.setModel(data.find((m) => m.kind === "chat") ?? null);
   } catch (err) {

@@ -81,7 +81,7 @@ async function send() {
   let keep = true; // whether this exchange joins the history sent with the next message
   try {
     const maxTokens = Number($("chat-max").value) || undefined;
-    const response = await api.request("/v1/chat/completions", {
+    const response = await api.request("v1/chat/completions", {
       method: "POST", signal: controller.signal,
       json: { model: model.id, messages: [...history, asked], stream: true, max_tokens: maxTokens } });
     $("chat-input").value = ""; // accepted: the message is in the log now
@@ -104,9 +104,10 @@ async function send() {
       answer.item.append(el("small", {}, "(stopped)"));
     } else {
       api.showError(error, err);
-      if (!reply) { // nothing came back: take the message out of the log, it can be sent again
+      if (!reply) { // nothing came back: take the message out of the log, back into the box to resend
         mine.item.remove();
         answer.item.remove();
+        $("chat-input").value = text;
         keep = false;
       }
     }

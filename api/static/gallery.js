@@ -37,7 +37,7 @@ export async function load() {
   if (cursors.at(-1)) query.set("after", cursors.at(-1));
   let page;
   try {
-    page = await api.getJSON(`/v1/videos?${query}`);
+    page = await api.getJSON(`v1/videos?${query}`);
   } catch (err) {
     api.showError(error, err);
     return;
@@ -100,7 +100,7 @@ function row(video) {
 function thumbnail(id) {
   const img = el("img", { alt: "", width: 64, height: 64 }); // decorative: the prompt is in the next cell
   if (!thumbnails.has(id)) {
-    const url = api.blobURL(`/v1/videos/${id}/content?variant=thumbnail`);
+    const url = api.blobURL(`v1/videos/${id}/content?variant=thumbnail`);
     url.catch(() => thumbnails.delete(id)); // try again next time
     thumbnails.set(id, url);
   }

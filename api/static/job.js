@@ -81,7 +81,7 @@ async function submit() {
   busy = true;
   form.setAttribute("aria-busy", "true");
   try {
-    const video = await api.getJSON("/v1/videos", { method: "POST", body });
+    const video = await api.getJSON("v1/videos", { method: "POST", body });
     follow(video);
   } catch (err) {
     api.showError(error, err);
@@ -98,13 +98,14 @@ async function submit() {
 }
 
 // Shows a video in the live panel (from the gallery), following it if it is still running.
+// Focus moves to the panel's heading, so a keyboard user carries on from there (Tab: Cancel).
 export function show(video) {
   follow(video);
-  $("live-h").scrollIntoView({ block: "nearest" });
+  $("live-h").focus();
 }
 
 export async function cancel(id) {
-  const video = await api.getJSON(`/v1/videos/${id}/cancel`, { method: "POST" });
+  const video = await api.getJSON(`v1/videos/${id}/cancel`, { method: "POST" });
   if (live?.id === id) {
     live.cancelling = true;
     render(video);
@@ -139,7 +140,7 @@ async function watch(job, video) {
   let failures = 0;
   while (live === job && !TERMINAL.has(video.status)) {
     try {
-      const response = await api.request(`/v1/videos/${job.id}/events`, { signal: job.controller.signal });
+      const response = await api.request(`v1/videos/${job.id}/events`, { signal: job.controller.signal });
       for await (const { event, data } of api.events(response)) {
         if (live !== job) return;
         if (event === "chunk.completed") addChunk(job, data.index, data.frames, data.drift);
@@ -160,7 +161,7 @@ async function watch(job, video) {
   }
   if (live === job && video.status === "completed") {
     try {
-      const url = await api.blobURL(`/v1/videos/${job.id}/content?variant=video`, { signal: job.controller.signal });
+      const url = await api.blobURL(`v1/videos/${job.id}/content?variant=video`, { signal: job.controller.signal });
       if (live !== job) return URL.revokeObjectURL(url);
       job.urls.push(url);
       const player = $("live-video");
@@ -206,7 +207,7 @@ function addChunk(job, index, frames, metrics) {
   // Chunks may be announced out of order after a reconnect: keep the list sorted.
   const next = [...$("live-chunks").children].find((li) => Number(li.dataset.index) > index);
   $("live-chunks").insertBefore(item, next ?? null);
-  api.blobURL(`/v1/videos/${job.id}/content?variant=chunk&index=${index}`, { signal: job.controller.signal })
+  api.blobURL(`v1/videos/${job.id}/content?variant=chunk&index=${index}`, { signal: job.controller.signal })
     .then((url) => {
       if (live !== job) return URL.revokeObjectURL(url);
       job.urls.push(url);
