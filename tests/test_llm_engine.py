@@ -8,7 +8,6 @@ import threading
 
 import jsonschema
 import pytest
-import torch
 from PIL import Image
 
 from vidserve.chat import ChatImage

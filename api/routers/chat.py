@@ -118,8 +118,9 @@ async def _events(completion: dict, first, outputs, include_usage: bool):
             yield chunk({"content": out.text})
         if out.finished:
             yield chunk({}, out.finish_reason, out.stop_reason)
-            if include_usage:
-                yield f"data: {json.dumps({**completion, 'object': 'chat.completion.chunk', 'choices': [], 'usage': _usage(out)})}\n\n"
+            if include_usage:  # OpenAI's last chunk: no choices, the usage
+                usage = {**completion, "object": "chat.completion.chunk", "choices": [], "usage": _usage(out)}
+                yield f"data: {json.dumps(usage)}\n\n"
             break
         out = await anext(outputs)
     yield "data: [DONE]\n\n"

@@ -93,7 +93,9 @@ class ChatModel:
         self.max_context = int(getattr(text_config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
         eos = model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_ids = frozenset(eos + ([self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []))
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = frozenset(eos)
         self._features: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._feature_cache_size = feature_cache_size
         self._lock = threading.Lock()
