@@ -1,0 +1,233 @@
+"""The "shapes world": procedurally generated, exactly labelled text-video pairs (issue 9).
+
+Why: a future training run needs unlimited clips a small model can learn on one GPU, and
+benchmarks/shapes_eval.py needs prompts whose right answer is known, so that the classical
+scorer in training/shapes_score.py can grade generated clips without a learned judge.
+Everything is numpy and seeded: the same seed gives the same bytes, so a data set or an
+eval set is reproducible from its seed alone.
+
+A clip is one (optionally two) flat-coloured shape translating at constant speed over a
+black, white or gray background (optionally a gentle gradient of it). A fixed ~15% of the
+(shape, colour, motion, background) combinations, HELDOUT, never appears in train, so the
+eval can measure compositional generalisation: every value, pair and triple of values of a
+held-out combination is seen in training; only the combination itself is new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+SHAPES = ("circle", "square", "triangle")
+# Pure, fully saturated colours with well separated hues, so the scorer can name them by hue.
+COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "yellow": (255, 220, 0)}
+BACKGROUNDS = {"black": 0, "white": 255, "gray": 128}
+MOTIONS = ("left", "right", "up", "down")  # the core motions; HELDOUT is defined over these
+EXTRA_MOTIONS = ("still", "bouncing")
+GRADIENTS = ("vertical", "horizontal")
+FPS = 16
+MARGIN = 2  # px between a shape's bounding box and the frame edge, in every frame
+GRADIENT_SPAN = 48  # a graded background stays within 48 levels of its named gray, so the name stays right
+_VELOCITY = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # y grows downward
+
+
+@dataclass(frozen=True)
+class Shape:
+    shape: str
+    colour: str
+    motion: str
+    size: float  # radius (circle) or half-side of the bounding box (square, triangle), px
+    x0: float  # centre at frame 0, px from the left edge (pixel i spans [i, i+1))
+    y0: float  # centre at frame 0, px from the top edge
+    speed: float  # px/frame; "bouncing" hops twice in place, up to 3/4 of the distance a mover covers
+
+    def centres(self, frames: int) -> tuple[np.ndarray, np.ndarray]:
+        t = np.arange(frames, dtype=float)
+        dx, dy = _VELOCITY.get(self.motion, (0, 0))
+        x, y = self.x0 + dx * self.speed * t, self.y0 + dy * self.speed * t
+        if self.motion == "bouncing":
+            y = self.y0 - 0.75 * self.speed * (frames - 1) * np.abs(np.sin(2 * np.pi * t / (frames - 1)))
+        return x, y
+
+
+@dataclass(frozen=True)
+class ClipSpec:
+    """One clip. Construction checks the words, a Wan-compatible frame count, and that every shape
+    is fully in frame in every frame; keeping two shapes apart is sample_specs' job."""
+
+    objects: tuple[Shape, ...]
+    background: str
+    gradient: str | None = None
+    frames: int = 33
+    fps: int = FPS
+    width: int = 64
+    height: int = 64
+
+    def __post_init__(self):
+        object.__setattr__(self, "objects", objs := tuple(self.objects))  # a list would make it unhashable
+        ok = (1 <= len(objs) <= 2 and self.background in BACKGROUNDS and self.gradient in (None, *GRADIENTS)
+              and all(o.shape in SHAPES and o.colour in COLOURS and o.motion in MOTIONS + EXTRA_MOTIONS for o in objs)
+              and len({o.shape for o in objs}) == len({o.colour for o in objs}) == len(objs)
+              # Wan takes 4k+1 frames; 17..33 is 1-2 s at 16 fps, enough to see the motion
+              and 17 <= self.frames <= 33 and self.frames % 4 == 1)
+        if not ok:
+            raise ValueError(f"invalid clip spec: {self}")
+        for o in objs:  # the whole shape stays visible in every frame, so every label is checkable
+            for c, n in zip(o.centres(self.frames), (self.width, self.height)):
+                if c.min() - o.size < MARGIN or c.max() + o.size > n - MARGIN:
+                    raise ValueError(f"{o} leaves the {self.width}x{self.height} frame")
+
+    shape = property(lambda self: self.objects[0].shape)
+    colour = property(lambda self: self.objects[0].colour)
+    motion = property(lambda self: self.objects[0].motion)
+
+
+def _inside(shape: str, dx: np.ndarray, dy: np.ndarray, r: float) -> np.ndarray:
+    if shape == "circle":
+        return dx * dx + dy * dy <= r * r
+    if shape == "square":
+        return (np.abs(dx) <= r) & (np.abs(dy) <= r)
+    return (dy <= r) & (np.abs(dx) <= (dy + r) / 2)  # apex up, base = height = 2r: fills half its box
+
+
+def background(spec: ClipSpec) -> np.ndarray:
+    """The background alone, float [H, W, 3]. A gradient stays on the near side of the named gray
+    (black 0..48, white 207..255, gray 104..152), so the name is still the nearest gray."""
+    plane = np.full((spec.height, spec.width), float(BACKGROUNDS[spec.background]))
+    if spec.gradient is not None:
+        ramp = np.linspace(0, 1, spec.height)[:, None] if spec.gradient == "vertical" else np.linspace(0, 1, spec.width)
+        plane += GRADIENT_SPAN * (ramp - {"black": 0, "white": 1, "gray": 0.5}[spec.background])
+    return np.repeat(plane[:, :, None], 3, axis=2)
+
+
+def render(spec: ClipSpec, antialias: bool = True) -> np.ndarray:
+    """uint8 [F, H, W, 3]. Anti-aliasing = 4x4 supersampled coverage, blended toward the pure colour."""
+    ss = 4 if antialias else 1
+    out = np.repeat(background(spec)[None], spec.frames, axis=0)
+    offsets = (np.arange(ss) + 0.5) / ss
+    for o in spec.objects:
+        colour = np.array(COLOURS[o.colour], dtype=float)
+        for t, (cx, cy) in enumerate(zip(*o.centres(spec.frames))):
+            x0, x1 = int(np.floor(cx - o.size)), int(np.ceil(cx + o.size))  # only the bounding box is sampled
+            y0, y1 = int(np.floor(cy - o.size)), int(np.ceil(cy + o.size))
+            px = (np.arange(x0, x1)[:, None] + offsets).ravel() - cx
+            py = (np.arange(y0, y1)[:, None] + offsets).ravel() - cy
+            cover = _inside(o.shape, px[None, :], py[:, None], o.size).reshape(y1 - y0, ss, x1 - x0, ss).mean((1, 3))
+            region = out[t, y0:y1, x0:x1]
+            region += cover[..., None] * (colour - region)
+    return np.rint(out).astype(np.uint8)
+
+
+def caption(spec: ClipSpec) -> str:
+    verb = {"still": "standing still", "bouncing": "bouncing"}
+    parts = [f"a {o.colour} {o.shape} {verb.get(o.motion, 'moving ' + o.motion)}" for o in spec.objects]
+    return " and ".join(parts) + f" on a {spec.background} background"
+
+
+_SYNONYMS = {"grey": "gray", "disc": "circle", "disk": "circle", "leftward": "left", "rightward": "right",
+             "upward": "up", "downward": "down", "stationary": "still", "static": "still", "bounces": "bouncing"}
+_KIND = {**dict.fromkeys(SHAPES, "shape"), **dict.fromkeys(COLOURS, "colour"), **dict.fromkeys(BACKGROUNDS, "background"),
+         **dict.fromkeys(MOTIONS + EXTRA_MOTIONS, "motion")}
+
+
+def parse_prompt(text: str) -> dict:
+    """{shape, colour, motion, background} of the first object (None where not named), plus "objects".
+
+    Object colours and background names are disjoint words, so no grammar is needed: a colour
+    or shape word that would repeat a slot starts the next object; a motion word goes to the
+    object it follows."""
+    objects, background = [], None
+    for word in re.findall(r"[a-z]+", text.lower()):
+        value = _SYNONYMS.get(word.removesuffix("s") if word.endswith("wards") else word, word)
+        kind = _KIND.get(value)
+        if kind == "background":
+            background = value
+        elif kind in ("shape", "colour"):
+            if not objects or objects[-1][kind] is not None:
+                objects.append({"shape": None, "colour": None, "motion": None})
+            objects[-1][kind] = value
+        elif kind == "motion" and objects and objects[-1]["motion"] is None:
+            objects[-1]["motion"] = value
+    first = objects[0] if objects else {"shape": None, "colour": None, "motion": None}
+    return {**first, "background": background, "objects": objects}
+
+
+def combo(obj: Shape, spec: ClipSpec) -> tuple[str, str, str, str]:
+    return (obj.shape, obj.colour, obj.motion, spec.background)
+
+
+def _choose_heldout(fraction: float = 0.15) -> frozenset:
+    """A fixed set, taken in hash order (stable across Python and numpy versions), skipping any
+    combination whose removal would leave one of its values, pairs or triples unseen in train,
+    or would hold out more than its share of one value (so no colour, say, is mostly held out)."""
+    vocab = (SHAPES, tuple(COLOURS), MOTIONS, tuple(BACKGROUNDS))
+    combos = list(itertools.product(*vocab))
+    target = round(fraction * len(combos))
+    subsets = [s for k in (1, 2, 3) for s in itertools.combinations(range(4), k)]
+    held: set = set()
+    for c in sorted(combos, key=lambda c: hashlib.sha256(" ".join(c).encode()).hexdigest()):
+        if len(held) == target:
+            break
+        if any(sum(h[i] == c[i] for h in held) >= -(-target // len(v)) for i, v in enumerate(vocab)):
+            continue
+        train = [d for d in combos if d not in held and d != c]
+        if all(any(all(d[i] == c[i] for i in s) for d in train) for s in subsets):
+            held.add(c)
+    return frozenset(held)
+
+
+HELDOUT = _choose_heldout()
+TRAIN_COMBOS = tuple(c for c in itertools.product(SHAPES, COLOURS, MOTIONS, BACKGROUNDS) if c not in HELDOUT)
+
+
+def is_heldout(spec: ClipSpec) -> bool:
+    return any(combo(o, spec) in HELDOUT for o in spec.objects)
+
+
+def _place(rng, shape, colour, motion, size, frames, width, height) -> Shape:
+    """A start and speed that keep the shape fully in frame and move it at least 8 px (at 64 px)."""
+    s = min(width, height) / 64
+    span = min(width, height) - 2 * (MARGIN + size)
+    lo, hi = max(0.5 * s, 8 * s / (frames - 1)), min(1.5 * s, span / (frames - 1))
+    speed = 0.0 if motion == "still" else float(rng.uniform(lo, max(lo, hi)))
+    travel, (dx, dy) = speed * (frames - 1), _VELOCITY.get(motion, (0, 0))
+    up = 0.75 * travel if motion == "bouncing" else travel * (dy < 0)
+    x0 = rng.uniform(MARGIN + size + travel * (dx < 0), width - MARGIN - size - travel * (dx > 0))
+    y0 = rng.uniform(MARGIN + size + up, height - MARGIN - size - travel * (dy > 0))
+    return Shape(shape, colour, motion, size, float(x0), float(y0), speed)
+
+
+def sample_specs(n: int, seed: int, split: str = "train", *, frames: int = 33, width: int = 64, height: int = 64,
+                 two_shapes: float = 0.0, gradient: float = 0.0, extra_motions: float = 0.0) -> list[ClipSpec]:
+    """n specs, reproducible from (seed, split). The float options are probabilities per clip:
+    a second shape, a gradient background, and (train only) "still"/"bouncing" instead of a direction."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
+    rng = np.random.default_rng([seed, int(split == "heldout")])
+    pool, scale, specs = (TRAIN_COMBOS if split == "train" else sorted(HELDOUT)), min(width, height) / 64, []
+    while len(specs) < n:
+        shape, colour, motion, bg = pool[rng.integers(len(pool))]
+        if split == "train" and rng.random() < extra_motions:
+            motion = EXTRA_MOTIONS[rng.integers(len(EXTRA_MOTIONS))]
+        grad = GRADIENTS[rng.integers(2)] if rng.random() < gradient else None
+        second = None
+        if rng.random() < two_shapes:  # another shape and colour, itself a train combination
+            second = [c for c in TRAIN_COMBOS if c[3] == bg and c[0] != shape and c[1] != colour]
+            second = second[rng.integers(len(second))]
+        sizes = (5, 8) if second else (5, 10)  # >= 10 px across: smaller shapes are hard to tell apart
+        size = float(max(3, round(scale * rng.integers(sizes[0], sizes[1] + 1))))
+        objs = (_place(rng, shape, colour, motion, size, frames, width, height),)
+        for _ in range(100 if second else 0):  # rejection-sample the second shape so the two never touch
+            other = _place(rng, *second[:3], size, frames, width, height)
+            (ax, ay), (bx, by) = objs[0].centres(frames), other.centres(frames)
+            if np.hypot(ax - bx, ay - by).min() > 2 * np.sqrt(2) * size + 2:
+                objs += (other,)
+                break
+        if second and len(objs) == 1:
+            continue  # no room for this pair: draw the whole clip again (still deterministic)
+        specs.append(ClipSpec(objs, bg, grad, frames, FPS, width, height))
+    return specs
