@@ -212,6 +212,7 @@ def main() -> None:
     from vidserve.registry import resolve
     from vidserve.requests import build_request
 
+    load_before = os.getloadavg()[0]  # before this process loads the box itself
     tmp = tempfile.TemporaryDirectory(prefix="vidserve-e2e-")
     folder = Path(tmp.name)
     build_model(folder, args.vae)
@@ -258,18 +259,19 @@ def main() -> None:
           f"warm-up; {device} {dtype_name}, {torch.get_num_threads()} threads")
     for name, (make, _) in variants.items():
         make(1)()
-    load_before = os.getloadavg()[0]
     timed = {name: make(args.steps) for name, (make, _) in variants.items()}
-    seconds = {name: [] for name in variants}
+    seconds, cpu = {name: [] for name in variants}, {name: [] for name in variants}
     frames, skipped, attention_share, peak_mb = {}, {}, {}, {}
     for i in range(runs):
         for name, run in timed.items():
             probe = probes[id(variants[name][1])]
             probe.blocks_run, probe.attention_s, probe.timing = 0, 0.0, i == 0
             with PeakMemory(device) as memory:
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 out = run()
                 seconds[name].append(time.perf_counter() - start)
+            # Below ~0.9 the process got less CPU than its threads asked for: something else ran.
+            cpu[name].append((time.process_time() - cpu_start) / (seconds[name][-1] * torch.get_num_threads()))
             probe.timing = False
             peak_mb[name] = max(peak_mb.get(name, 0.0), memory.mb)
             if i == 0:
@@ -278,7 +280,8 @@ def main() -> None:
                 skipped[name] = 1 - probe.blocks_run / (probe.blocks * args.steps * (2 if GUIDANCE > 1 else 1))
             elif not np.array_equal(out, frames[name]):
                 print(f"  note: {name} run {i + 1} made other frames than run 1")
-            print(f"  run {i + 1}/{runs} {name}: {seconds[name][-1]:.1f} s, peak +{memory.mb:.0f} MB", flush=True)
+            print(f"  run {i + 1}/{runs} {name}: {seconds[name][-1]:.1f} s, cpu {cpu[name][-1]:.2f}, "
+                  f"peak +{memory.mb:.0f} MB", flush=True)
     load_after = os.getloadavg()[0]
 
     base = statistics.median(seconds["diffusers"])
@@ -290,7 +293,7 @@ def main() -> None:
                      "ssim_vs_diffusers": round(ssim(frames[name], frames["diffusers"]), 4),
                      "peak_mem_mb": round(peak_mb[name], 1), "blocks_skipped": round(skipped[name], 3),
                      "self_attention_share": round(attention_share[name], 3),
-                     "samples_s": [round(s, 2) for s in seconds[name]]})
+                     "samples_s": [round(s, 2) for s in seconds[name]], "cpu": [round(c, 2) for c in cpu[name]]})
 
     print("\n| variant | seconds | speedup | PSNR dB | SSIM | peak MB | blocks skipped | self-attn share |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -304,7 +307,9 @@ def main() -> None:
     for label, ok in (("(b) dense within 5% of diffusers", abs(1 / speedup["dense"] - 1) <= 0.05),
                       ("(c) topk >= 2x", speedup["topk"] >= 2), ("(e) topk+cache >= 3x", speedup["topk+cache"] >= 3)):
         print(f"{label}: {'yes' if ok else 'NO'}")
-    print(f"1-min load average {load_before:.2f} before the timed runs, {load_after:.2f} after (this process adds ~2)")
+    print(f"1-min load average {load_before:.2f} at the start, {load_after:.2f} at the end (this process adds ~2); "
+          f"cpu (process CPU time / wall x {torch.get_num_threads()} threads) {min(min(c) for c in cpu.values()):.2f}"
+          f"-{max(max(c) for c in cpu.values()):.2f}")
 
     config = {"model": {"layers": LAYERS, "heads": HEADS, "head_dim": HEAD_DIM, "ffn_dim": FFN_DIM, "freq_dim": FREQ_DIM,
                         "transformer_params": sum(p.numel() for p in reference.transformer.parameters()),
