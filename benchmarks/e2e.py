@@ -23,6 +23,7 @@ every 10 ms during the call minus RSS just before it; on CUDA, max_memory_alloca
 memory_allocated. Fidelity: PSNR over all frames and SSIM (mean over frames) of the decoded uint8
 frames against the diffusers variant's. Blocks skipped: the share of transformer-block passes
 (blocks x steps x 2 guidance branches) that caching reused instead of computing, counted by a hook.
+Self-attention share and VAE decode seconds: wall time inside those modules (hooks), first round.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ def build_model(folder: Path, vae_kind: str) -> None:
         vae = _wan21_vae()
     else:
         # Wan2.1's layout (z 16, 4x8x8, causal 3D convs), thinner than wan-tiny's. The decode is the same
-        # work in every variant, so it caps every speed-up; wan-tiny's VAE decodes 29x512x512 in ~14 s
-        # on the 2-core reference box (channel-first RMS norms and 3D convs at full resolution, slow
-        # on CPU), this one in ~4 s, closer to a real GPU run, where the DiT dominates (`--vae wan-tiny`).
+        # work in every variant, so it caps every speed-up. wan-tiny's VAE decodes 29x512x512 in ~14 s on
+        # the 2-core reference box (channel-first RMS norms and 3D convs at full resolution are slow on
+        # CPU), about a quarter of a dense run; this one ~4 s, so the denoising that the variants change is
+        # most of a run (`--vae wan-tiny` to compare).
         torch.manual_seed(0)
         vae = AutoencoderKLWan(base_dim=2, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=0,
                                temperal_downsample=[False, True, True]).eval()
@@ -128,31 +130,36 @@ class PeakMemory:
 
 
 class Probe:
-    """Hooks on one transformer. `blocks_run` counts block passes that really computed: the hook is on
-    each block's last feed-forward Linear, which First-Block Cache skips with its block and TaylorSeer
-    skips by replacing the forward of `ffn`. `attention_s` is the wall time inside self-attention
-    (`attn1`: projections, norms, rotary, attention) while `timing` is on."""
+    """Hooks on one pipeline. `blocks_run` counts transformer-block passes that really computed: the
+    hook is on each block's last feed-forward Linear, which First-Block Cache skips with its block and
+    TaylorSeer skips by replacing the forward of `ffn`. While `timing` is on, `seconds` sums the wall
+    time inside self-attention (`attn1`: projections, norms, rotary, attention) and the VAE decoder."""
 
-    def __init__(self, transformer, device: torch.device):
-        self.blocks, self.blocks_run, self.attention_s, self.timing = len(transformer.blocks), 0, 0.0, False
+    def __init__(self, pipe, device: torch.device):
+        self.blocks, self.blocks_run, self.timing = len(pipe.transformer.blocks), 0, False
+        self.seconds = {"attention": 0.0, "decode": 0.0}
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        for block in transformer.blocks:
+        for block in pipe.transformer.blocks:
             block.ffn.net[-1].register_forward_hook(self._count)
-            block.attn1.register_forward_pre_hook(self._enter)
-            block.attn1.register_forward_hook(self._exit)
+            self._time(block.attn1, "attention")
+        self._time(pipe.vae.decoder, "decode")
 
     def _count(self, *_):
         self.blocks_run += 1
 
-    def _enter(self, *_):
-        if self.timing:
-            self.sync()
-            self._t0 = time.perf_counter()
+    def _time(self, module: torch.nn.Module, key: str) -> None:
+        def enter(*_):
+            if self.timing:
+                self.sync()
+                self._t0 = time.perf_counter()
 
-    def _exit(self, *_):
-        if self.timing:
-            self.sync()
-            self.attention_s += time.perf_counter() - self._t0
+        def exit(*_):
+            if self.timing:
+                self.sync()
+                self.seconds[key] += time.perf_counter() - self._t0
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(exit)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -246,15 +253,15 @@ def main() -> None:
         return make
 
     dense, none = {"mode": "dense"}, {"kind": "none"}
-    variants = {  # name: (runner for a number of steps, its transformer)
-        "diffusers": (diffusers_run, reference.transformer),
-        "dense": (vidserve_run(plain, dense, none), plain.transformers[0]),
-        "topk": (vidserve_run(plain, TOPK, none), plain.transformers[0]),
-        "cache": (vidserve_run(plain, dense, args.cache), plain.transformers[0]),
-        "topk+cache": (vidserve_run(plain, TOPK, args.cache), plain.transformers[0]),
-        "topk+cache+int8": (vidserve_run(int8, TOPK, args.cache), int8.transformers[0]),
+    probes = [Probe(pipe, device) for pipe in (reference, plain.text_pipe, int8.text_pipe)]
+    variants = {  # name: (runner for a number of steps, probe on its pipeline)
+        "diffusers": (diffusers_run, probes[0]),
+        "dense": (vidserve_run(plain, dense, none), probes[1]),
+        "topk": (vidserve_run(plain, TOPK, none), probes[1]),
+        "cache": (vidserve_run(plain, dense, args.cache), probes[1]),
+        "topk+cache": (vidserve_run(plain, TOPK, args.cache), probes[1]),
+        "topk+cache+int8": (vidserve_run(int8, TOPK, args.cache), probes[2]),
     }
-    probes = {id(t): Probe(t, device) for _, t in variants.values()}  # three transformers, one probe each
 
     print(f"Wan2.1-style, random weights: {LAYERS} blocks, {HEADS} heads x {HEAD_DIM}, ffn {FFN_DIM}, "
           f"{args.vae} VAE; {args.size} x {args.frames} frames = {'x'.join(map(str, grid))} = {np.prod(grid)} "
@@ -264,11 +271,11 @@ def main() -> None:
         make(1)()
     timed = {name: make(args.steps) for name, (make, _) in variants.items()}
     seconds, cpu = {name: [] for name in variants}, {name: [] for name in variants}
-    frames, skipped, attention_share, peak_mb = {}, {}, {}, {}
+    frames, skipped, attention_share, decode_s, peak_mb = {}, {}, {}, {}, {}
     for i in range(runs):
         for name, run in timed.items():
-            probe = probes[id(variants[name][1])]
-            probe.blocks_run, probe.attention_s, probe.timing = 0, 0.0, i == 0
+            probe = variants[name][1]
+            probe.blocks_run, probe.seconds, probe.timing = 0, {"attention": 0.0, "decode": 0.0}, i == 0
             with PeakMemory(device) as memory:
                 start, cpu_start = time.perf_counter(), time.process_time()
                 out = run()
@@ -279,7 +286,8 @@ def main() -> None:
             peak_mb[name] = max(peak_mb.get(name, 0.0), memory.mb)
             if i == 0:
                 frames[name] = out
-                attention_share[name] = probe.attention_s / seconds[name][-1]
+                attention_share[name] = probe.seconds["attention"] / seconds[name][-1]
+                decode_s[name] = probe.seconds["decode"]
                 skipped[name] = 1 - probe.blocks_run / (probe.blocks * args.steps * (2 if GUIDANCE > 1 else 1))
             elif not np.array_equal(out, frames[name]):
                 print(f"  note: {name} run {i + 1} made other frames than run 1")
@@ -296,16 +304,17 @@ def main() -> None:
                      "ssim_vs_diffusers": round(ssim(frames[name], frames["diffusers"]), 4),
                      "peak_mem_mb": round(peak_mb[name], 1), "blocks_skipped": round(skipped[name], 3),
                      "self_attention_share": round(attention_share[name], 3),
+                     "vae_decode_s": round(decode_s[name], 2),
                      "samples_s": [round(s, 2) for s in seconds[name]], "cpu": [round(c, 2) for c in cpu[name]]})
 
-    print("\n| variant | seconds | speedup | PSNR dB | SSIM | peak MB | blocks skipped | self-attn share |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| variant | seconds | speedup | PSNR dB | SSIM | peak MB | blocks skipped | self-attn share | decode s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         p = "reference" if r["name"] == "diffusers" else (
             "identical" if r["psnr_vs_diffusers"] is None else f"{r['psnr_vs_diffusers']:.1f}")
         print(f"| {r['name']} | {r['seconds']:.1f} | {r['speedup_vs_diffusers']:.2f}x | {p} | "
               f"{r['ssim_vs_diffusers']:.4f} | {r['peak_mem_mb']:.0f} | {100 * r['blocks_skipped']:.0f}% | "
-              f"{100 * r['self_attention_share']:.0f}% |")
+              f"{100 * r['self_attention_share']:.0f}% | {r['vae_decode_s']:.1f} |")
     diff = int(np.abs(frames["diffusers"].astype(np.int16) - frames["dense"].astype(np.int16)).max())
     print(f"\ndense vs diffusers frames: {'bit-identical' if diff == 0 else f'max |difference| {diff}/255'}")
     speedup = {r["name"]: r["speedup_vs_diffusers"] for r in rows}
@@ -322,8 +331,8 @@ def main() -> None:
               "tokens": int(np.prod(grid)), "steps": args.steps, "guidance": GUIDANCE, "seed": SEED, "prompt": PROMPT,
               "topk": TOPK, "cache": args.cache, "runs": runs, "warmup": "1 run of 1 step per variant",
               "quick": args.quick, "device": str(device), "dtype": dtype_name, "cpu_count": os.cpu_count(),
-              "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-              "python": platform.python_version(), "loadavg_1m_start_end": [round(load_before, 2), round(load_after, 2)]}
+              "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+              "loadavg_1m_start_end": [round(load_before, 2), round(load_after, 2)]}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"variants": rows, "config": config}, indent=2) + "\n")
     png = args.json.with_suffix(".png")
