@@ -106,3 +106,22 @@ def backend(request, tmp_path_factory) -> Iterator[Backend]:
         yield from _embedded(tmp_path_factory)
     else:
         yield from _celery(tmp_path_factory, request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture
+def force_token(monkeypatch):
+    """`force_token(chat_model, "S")`: the model emits that token forever, the collapse that
+    loop detection exists for (undone when the test ends)."""
+
+    def force(model, token_text: str) -> None:
+        token = model.tokenizer.convert_tokens_to_ids(model.tokenizer.tokenize(token_text)[0])
+        original = model.forward
+
+        def forward(*args, **kwargs):
+            logits = original(*args, **kwargs)
+            logits[:, token] += 1000.0
+            return logits
+
+        monkeypatch.setattr(model, "forward", forward)
+
+    return force

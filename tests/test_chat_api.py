@@ -211,18 +211,9 @@ def test_a_full_engine_answers_429(api, monkeypatch):
     assert response.json()["error"]["type"] == "rate_limit_error"
 
 
-def test_repetition_stop_reason_in_the_response(api, monkeypatch):
+def test_repetition_stop_reason_in_the_response(api, force_token):
     client, services = api
-    model = services.chat.model
-    token = model.tokenizer.convert_tokens_to_ids("S")
-    original = model.forward
-
-    def forward(*args, **kwargs):
-        logits = original(*args, **kwargs)
-        logits[:, token] += 1000.0
-        return logits
-
-    monkeypatch.setattr(model, "forward", forward)
+    force_token(services.chat.model, "S")
     body = {"max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
     choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
     assert (choice["message"]["content"], choice["finish_reason"], choice["stop_reason"]) == \

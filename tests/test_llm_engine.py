@@ -139,22 +139,8 @@ def test_stop_string_cuts_the_text_before_it(engine, model):
     assert (out.finish_reason, out.stop_reason) == ("stop", stop)
 
 
-def forced(model, token_text: str, monkeypatch):
-    """Make the model emit one token forever: the collapse loop detection exists for."""
-    token = model.tokenizer.convert_tokens_to_ids(model.tokenizer.tokenize(token_text)[0])
-    original = model.forward
-
-    def forward(*args, **kwargs):
-        logits = original(*args, **kwargs)
-        logits[:, token] += 1000.0
-        return logits
-
-    monkeypatch.setattr(model, "forward", forward)
-    return token
-
-
-def test_a_repeated_token_stops_at_the_threshold(engine, model, monkeypatch):
-    forced(model, "S", monkeypatch)
+def test_a_repeated_token_stops_at_the_threshold(engine, model, force_token):
+    force_token(model, "S")
     text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=50, seed=0))
     assert (text, out.finish_reason, out.stop_reason, out.completion_tokens) == ("SSSS", "stop", "repetition", 4)
     custom = RepetitionOptions(token_repeats=7)
@@ -163,8 +149,8 @@ def test_a_repeated_token_stops_at_the_threshold(engine, model, monkeypatch):
 
 
 @pytest.mark.parametrize("repetition", [RepetitionOptions(), NO_LOOP_CHECK], ids=["exempt-token", "detection-off"])
-def test_exempt_tokens_and_detection_off_let_it_continue(engine, model, monkeypatch, repetition):
-    forced(model, "-" if repetition.enabled else "S", monkeypatch)
+def test_exempt_tokens_and_detection_off_let_it_continue(engine, model, force_token, repetition):
+    force_token(model, "-" if repetition.enabled else "S")
     text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=30, repetition=repetition))
     assert out.finish_reason == "length" and out.stop_reason is None
     assert len(text) == 30
