@@ -117,6 +117,7 @@ class VideoPipeline:
             num_inference_steps=request.steps,
             guidance_scale=request.guidance,
             generator=torch.Generator("cpu").manual_seed(request.seed),
+            max_sequence_length=self.spec.text_tokens,
             output_type="np",
             **request.options,
         )

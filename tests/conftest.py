@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -9,6 +10,12 @@ import time
 from typing import Iterator
 
 import pytest
+
+# The server's defaults are the trained shapes-world models; the suite runs on the random
+# tiny ones (seconds per clip, noise frames) unless a test names a model, as the
+# wan-shapes / vlm-shapes tests do. Set before any Settings is built; servers inherit it.
+os.environ.setdefault("VIDSERVE_DEFAULT_MODEL", "wan-tiny")
+os.environ.setdefault("VIDSERVE_CHAT_MODEL", "vlm-tiny")
 
 
 def _free_port() -> int:

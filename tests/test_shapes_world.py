@@ -180,3 +180,25 @@ def test_the_bars_catch_a_constant_scorer(mixed, monkeypatch, attr, constant):
     monkeypatch.setattr(shapes_score, "detect", lazy)
     specs, clips = mixed[0][::4], mixed[1][::4]
     assert accuracy(specs, clips)[attr] < 0.5 < CLEAN_BAR
+
+
+def test_frame_heldout_triples_leave_every_pair_in_training():
+    triples = set(itertools.product(sw.SHAPES, sw.COLOURS, sw.BACKGROUNDS))
+    train = triples - sw.FRAME_HELDOUT
+    assert 3 <= len(sw.FRAME_HELDOUT) <= 8
+    for held in sw.FRAME_HELDOUT:
+        for i, j in itertools.combinations(range(3), 2):
+            assert any(t[i] == held[i] and t[j] == held[j] for t in train), held
+
+
+@pytest.mark.parametrize("answer, right", [
+    ("a red circle on a gray background", True),
+    ("A grey disc, red, on a gray background.", True),  # order and synonyms don't matter
+    ("a red square on a gray background", False),
+    ("a blue circle on a gray background", False),
+    ("a red circle and a blue square on a gray background", False),  # an object that isn't there
+    ("red", False),
+    ("", False),
+])
+def test_caption_scorer(answer, right):
+    assert shapes_score.score_caption(answer, "a red circle on a gray background")["colour+shape"] is right

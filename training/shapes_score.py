@@ -181,3 +181,18 @@ def score(clip: np.ndarray, prompt: str) -> dict:
             result[key] = all(w[key] == g[key] for w, g in pairs)
     result["all"] = all(result.values())
     return result
+
+
+def score_caption(text: str, truth: str) -> dict:
+    """{"colour", "shape", "background", "colour+shape"}: does a caption (a VLM's answer) name what
+    the frame shows? Both are read with parse_prompt, so word order and synonyms don't matter;
+    "colour+shape" needs exactly the truth's objects, each with its colour and shape (naming one
+    that isn't there is as wrong as missing one)."""
+    said, want = parse_prompt(text), parse_prompt(truth)
+    named = {(o["colour"], o["shape"]) for o in said["objects"]}
+    return {
+        "colour": all(any(c == o["colour"] for c, _ in named) for o in want["objects"]),
+        "shape": all(any(s == o["shape"] for _, s in named) for o in want["objects"]),
+        "background": said["background"] == want["background"],
+        "colour+shape": named == {(o["colour"], o["shape"]) for o in want["objects"]},
+    }

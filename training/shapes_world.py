@@ -160,14 +160,14 @@ def combo(obj: Shape, spec: ClipSpec) -> tuple[str, str, str, str]:
     return (obj.shape, obj.colour, obj.motion, spec.background)
 
 
-def _choose_heldout(fraction: float = 0.15) -> frozenset:
-    """A fixed set, taken in hash order (stable across Python and numpy versions), skipping any
-    combination whose removal would leave one of its values, pairs or triples unseen in train,
-    or would hold out more than its share of one value (so no colour, say, is mostly held out)."""
-    vocab = (SHAPES, tuple(COLOURS), MOTIONS, tuple(BACKGROUNDS))
+def _choose_heldout(vocab: tuple, fraction: float = 0.15) -> frozenset:
+    """A fixed set of combinations of `vocab`'s values, taken in hash order (stable across Python
+    and numpy versions), skipping any whose removal would leave one of its values or sub-tuples
+    unseen in train, or would hold out more than its share of one value (so no colour, say, is
+    mostly held out)."""
     combos = list(itertools.product(*vocab))
     target = round(fraction * len(combos))
-    subsets = [s for k in (1, 2, 3) for s in itertools.combinations(range(4), k)]
+    subsets = [s for k in range(1, len(vocab)) for s in itertools.combinations(range(len(vocab)), k)]
     held: set = set()
     for c in sorted(combos, key=lambda c: hashlib.sha256(" ".join(c).encode()).hexdigest()):
         if len(held) == target:
@@ -180,12 +180,18 @@ def _choose_heldout(fraction: float = 0.15) -> frozenset:
     return frozenset(held)
 
 
-HELDOUT = _choose_heldout()
+HELDOUT = _choose_heldout((SHAPES, tuple(COLOURS), MOTIONS, tuple(BACKGROUNDS)))
+# For still frames (the VLM): (shape, colour, background) triples never shown in its training.
+FRAME_HELDOUT = _choose_heldout((SHAPES, tuple(COLOURS), tuple(BACKGROUNDS)))
 TRAIN_COMBOS = tuple(c for c in itertools.product(SHAPES, COLOURS, MOTIONS, BACKGROUNDS) if c not in HELDOUT)
 
 
 def is_heldout(spec: ClipSpec) -> bool:
     return any(combo(o, spec) in HELDOUT for o in spec.objects)
+
+
+def is_frame_heldout(spec: ClipSpec) -> bool:
+    return any((o.shape, o.colour, spec.background) in FRAME_HELDOUT for o in spec.objects)
 
 
 def _place(rng, shape, colour, motion, size, frames, width, height) -> Shape:

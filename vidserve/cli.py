@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve a non-loopback address without API keys")
     serve.add_argument("--device", help="auto, cpu, cuda, cuda:N (embedded queue)")
     serve.add_argument("--dtype", help="auto, float32, bfloat16, float16")
-    serve.add_argument("--chat-model", help="chat model: name, hub id or folder; '' for none (default vlm-tiny)")
+    serve.add_argument("--chat-model", help="chat model: name, hub id or folder; '' for none (default vlm-shapes)")
     _add_load_flags(serve)
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)

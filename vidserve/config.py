@@ -15,7 +15,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VIDSERVE_", extra="ignore")
 
     data_dir: Path = Field(Path("./data"), description="Job database, outputs and exported models live here.")
-    default_model: str = Field("wan-tiny", description="Model used when a request names none.")
+    default_model: str = Field("wan-shapes", description="Model used when a request names none.")
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:N'.")
     dtype: str = Field("auto", description="'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'.")
 
@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     vae_tiling: bool = Field(False, description="Tiled VAE decoding.")
 
     # The LLM / vision chat path.
-    chat_model: str = Field("vlm-tiny", description="Model for /v1/chat/completions and prompt extension "
+    chat_model: str = Field("vlm-shapes", description="Model for /v1/chat/completions and prompt extension "
                             "(a name, hub id or local folder); empty: no chat.")
     chat_max_running: int = Field(16, gt=0, description="Sequences decoded together (continuous batching).")
     chat_max_waiting: int = Field(64, ge=0, description="Chat requests waiting for a slot past which new ones get 429.")

@@ -33,6 +33,7 @@ class ModelSpec:
     default_steps: int = 50
     default_guidance: float = 5.0
     continues_with: str | None = None  # the image-to-video model that extends this model's clips
+    text_tokens: int = 512  # prompts are padded/truncated to this many tokens, as the model was trained
     description: str = ""
 
     @property
@@ -59,12 +60,18 @@ class ModelSpec:
         return ((num_frames - 1) // t + 1) // pt, height // h // ph, width // w // pw
 
 
+WEIGHTS = Path(__file__).resolve().parent / "weights"  # the trained shapes-world models (training/)
+
 _WAN21 = dict(vae_stride=(4, 8, 8), patch_size=(1, 2, 2))
 _WAN22_5B = dict(vae_stride=(4, 16, 16), patch_size=(1, 2, 2))
 
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
+        ModelSpec("wan-shapes", "ti2v", str(WEIGHTS / "wan-shapes"), 64, 64, 16, 17, 2.0, default_steps=20,
+                  default_guidance=4.0, continues_with="wan-shapes", vae_stride=(4, 4, 4), patch_size=(1, 2, 2),
+                  text_tokens=24, description="Wan2.2-TI2V-style model trained on the shapes world (training/): "
+                  "coloured shapes moving on plain backgrounds; text or first frame to video"),
         ModelSpec("wan-tiny", "t2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4, continues_with="wan-tiny-i2v",
                   description="Random-weight Wan2.1-style text-to-video, built in code (tests, demos)", **_WAN21),
         ModelSpec("wan-tiny-i2v", "i2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4, continues_with="wan-tiny-i2v",
@@ -164,6 +171,8 @@ class ChatModelSpec:
 CHAT_MODELS: dict[str, ChatModelSpec] = {
     spec.name: spec
     for spec in [
+        ChatModelSpec("vlm-shapes", str(WEIGHTS / "vlm-shapes"), True,
+                      "LLaVA-style model trained on shapes-world frames (training/): captions, colours, shapes"),
         ChatModelSpec("vlm-tiny", "builtin", True,
                       "Random-weight LLaVA-style model (CLIP tower, MLP projector, Llama decoder), built in code"),
         ChatModelSpec("llava-1.5-7b", "llava-hf/llava-1.5-7b-hf", True, "LLaVA-1.5 7B"),

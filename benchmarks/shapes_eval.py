@@ -1,0 +1,214 @@
+"""Prompt adherence of the trained shapes-world models (issue 9), scored without a learned judge.
+
+    python benchmarks/shapes_eval.py            # everything, ~10 min on 2 CPU cores
+    python benchmarks/shapes_eval.py --only t2v,vlm --prompts 20
+
+Every clip is graded by training/shapes_score.py (background plane, hue vote, fill/asymmetry
+for the shape, centroid track for the direction) against the prompt it was made from; every
+VLM answer by parsing it for the words of the shapes world. Held-out means attribute
+combinations the models never saw in training (shapes_world.HELDOUT for clips,
+FRAME_HELDOUT for frames). Sections:
+
+- t2v: text-to-video on held-out prompts, per attribute.
+- i2v: the first frame of a held-out clip plus its prompt: does the clip keep shape and colour?
+- chain: 5-chunk videos (each chunk continues from the last frame of the one before, the
+  direction reversing every chunk so the shape stays in frame), with and without drift
+  correction: adherence and drift per chunk.
+- fidelity: t2v adherence for dense attention, top-k at densities 0.25 and 0.125, and step
+  caching, all on the same prompts and seeds, with seconds per clip.
+- vlm: captions and answers from vlm-shapes through POST /v1/chat/completions.
+
+Results: a table per section on stdout, everything in benchmarks/results/shapes_eval.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # training/ is not an installed package
+
+from training import shapes_world as world  # noqa: E402
+from training.shapes_score import score, score_caption  # noqa: E402
+from vidserve.config import Settings  # noqa: E402
+from vidserve.pipelines.chain import generate_video  # noqa: E402
+from vidserve.registry import resolve  # noqa: E402
+from vidserve.requests import build_request  # noqa: E402
+
+MODEL, CHAT_MODEL = "wan-shapes", "vlm-shapes"
+SEED = 2026  # the eval set: never a training seed
+ATTRIBUTES = ("colour", "shape", "motion", "background")
+OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
+VARIANTS = {
+    "dense": {},
+    "top-k 0.25": {"attention": {"mode": "topk", "density": 0.25}},
+    "top-k 0.125": {"attention": {"mode": "topk", "density": 0.125}},
+    "dense + TaylorSeer cache": {"cache": {"kind": "taylorseer", "interval": 3, "warmup_steps": 3}},
+    "top-k 0.125 + TaylorSeer cache": {"attention": {"mode": "topk", "density": 0.125},
+                                       "cache": {"kind": "taylorseer", "interval": 3, "warmup_steps": 3}},
+}
+
+
+def heldout(n: int) -> list[world.ClipSpec]:
+    spec = resolve(MODEL)
+    return world.sample_specs(n, SEED, split="heldout", frames=spec.frames_per_chunk, width=spec.width,
+                              height=spec.height)
+
+
+def rates(scores: list[dict], keys=(*ATTRIBUTES, "all")) -> dict:
+    out = {k: round(float(np.mean([s[k] for s in scores])), 3) for k in keys}
+    out["colour+shape+motion"] = round(float(np.mean([s["colour"] and s["shape"] and s["motion"] for s in scores])), 3)
+    out["n"] = len(scores)
+    return out
+
+
+def generate(settings: Settings, prompt: str, seed: int, on_chunk=None, **kwargs):
+    return generate_video(build_request(resolve(MODEL), settings, prompt, seed=seed, **kwargs), device="cpu",
+                          dtype="float32", on_chunk=on_chunk)
+
+
+def run_t2v(settings: Settings, specs: list, **kwargs) -> dict:
+    scores, start = [], time.perf_counter()
+    for i, spec in enumerate(specs):
+        result = generate(settings, world.caption(spec), seed=i, **kwargs)
+        scores.append(score(result.frames, world.caption(spec)))
+    return {**rates(scores), "seconds_per_clip": round((time.perf_counter() - start) / len(specs), 2)}
+
+
+def run_i2v(settings: Settings, specs: list) -> dict:
+    scores = []
+    for i, spec in enumerate(specs):
+        first = Image.fromarray(world.render(spec)[0])
+        result = generate(settings, world.caption(spec), seed=i, image=first)
+        scores.append(score(result.frames, world.caption(spec)))
+    return {**rates(scores), "colour+shape": round(float(np.mean([s["colour"] and s["shape"] for s in scores])), 3)}
+
+
+def run_chain(settings: Settings, specs: list, chunks: int, drift_correction: str) -> dict:
+    per_chunk: list[list[dict]] = [[] for _ in range(chunks)]
+    drift: list[list[dict]] = [[] for _ in range(chunks)]
+    frames = resolve(MODEL).frames_per_chunk
+    for i, spec in enumerate(specs):
+        # Back and forth: the same caption with the direction reversed every other chunk.
+        there, back = world.caption(spec), world.caption(spec).replace(spec.motion, OPPOSITE[spec.motion])
+        prompts = [there if c % 2 == 0 else back for c in range(chunks)]
+
+        def on_chunk(index, chunk_frames, metrics, prompt):
+            per_chunk[index].append(score(chunk_frames, prompt))
+            drift[index].append(metrics.to_dict())
+
+        generate(settings, prompts[0], seed=i, prompts=prompts, num_frames=frames + (chunks - 1) * (frames - 1),
+                 drift_correction=drift_correction, on_chunk=on_chunk)
+    kept = [all(per_chunk[c][i]["colour"] and per_chunk[c][i]["shape"] for c in range(chunks))
+            for i in range(len(specs))]
+    return {
+        "drift_correction": drift_correction, "chains": len(specs),
+        "kept_shape_and_colour_to_the_end": round(float(np.mean(kept)), 3),
+        "per_chunk": [{**rates(s), "colour+shape": round(float(np.mean([x["colour"] and x["shape"] for x in s])), 3),
+                       "luma_change": round(float(np.mean([d["luma_change"] for d in dr])), 4),
+                       "histogram_distance": round(float(np.mean([d["histogram_distance"] for d in dr])), 4)}
+                      for s, dr in zip(per_chunk, drift)],
+    }
+
+
+def _data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def run_vlm(n: int) -> dict:
+    from fastapi.testclient import TestClient
+
+    from vidserve.api.app import create_app
+
+    pool = world.sample_specs(40 * n, SEED, frames=17, width=64, height=64)
+    specs = [s for s in pool if world.is_frame_heldout(s) and len(s.objects) == 1][:n]
+    rng = np.random.default_rng(SEED)
+    described, colour_answers, shape_answers = [], [], []
+    with tempfile.TemporaryDirectory() as data, TestClient(create_app(Settings(
+            data_dir=Path(data), chat_model=CHAT_MODEL, device="cpu", dtype="float32"))) as client:
+
+        def ask(image: Image.Image, question: str) -> str:
+            reply = client.post("/v1/chat/completions", json={
+                "model": CHAT_MODEL, "max_tokens": 24, "temperature": 0,
+                "messages": [{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": _data_url(image)}},
+                    {"type": "text", "text": question}]}]})
+            reply.raise_for_status()
+            return reply.json()["choices"][0]["message"]["content"]
+
+        for spec in specs:
+            image = Image.fromarray(world.render(spec)[rng.integers(spec.frames)])
+            truth = f"a {spec.colour} {spec.shape} on a {spec.background} background"
+            described.append(score_caption(ask(image, "Describe the image."), truth))
+            colour_answers.append(ask(image, f"What colour is the {spec.shape}?").strip().lower() == spec.colour)
+            shape_answers.append(ask(image, "What shape is it?").strip().lower() == spec.shape)
+    return {
+        "frames": len(specs), "heldout_triples": sorted(" ".join(t) for t in world.FRAME_HELDOUT),
+        "caption": {k: round(float(np.mean([d[k] for d in described])), 3)
+                    for k in ("colour", "shape", "background", "colour+shape")},
+        "colour_question": round(float(np.mean(colour_answers)), 3),
+        "shape_question": round(float(np.mean(shape_answers)), 3),
+    }
+
+
+def table(title: str, rows: dict, columns: tuple) -> str:
+    lines = [f"\n{title}\n", "| | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    lines += [f"| {name} | " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for name, row in rows.items()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="t2v,i2v,chain,fidelity,vlm", help="comma-separated sections")
+    parser.add_argument("--prompts", type=int, default=50, help="held-out prompts per t2v/i2v/fidelity run")
+    parser.add_argument("--chains", type=int, default=10)
+    parser.add_argument("--frames", type=int, default=100, help="held-out frames for the VLM")
+    parser.add_argument("--out", default="benchmarks/results/shapes_eval.json")
+    args = parser.parse_args()
+    sections = set(args.only.split(","))
+    settings = Settings(device="cpu", dtype="float32", chat_model="")
+    specs = heldout(args.prompts)
+    results: dict = {"model": MODEL, "chat_model": CHAT_MODEL, "seed": SEED}
+    cols = ("colour", "shape", "motion", "background", "colour+shape+motion", "all", "n")
+    if "fidelity" in sections:
+        results["fidelity"] = {name: run_t2v(settings, specs, **kwargs) for name, kwargs in VARIANTS.items()}
+    if "t2v" in sections:
+        results["t2v"] = results["fidelity"]["dense"] if "fidelity" in results else run_t2v(settings, specs)
+        print(table(f"text-to-video, {len(specs)} held-out prompts", {"wan-shapes": results["t2v"]}, cols))
+    if "i2v" in sections:
+        results["i2v"] = run_i2v(settings, specs)
+        print(table("image-to-video from the first frame of held-out clips", {"wan-shapes": results["i2v"]},
+                    ("colour+shape", *cols)))
+    if "chain" in sections:
+        chain_specs = heldout(args.chains)
+        results["chain"] = [run_chain(settings, chain_specs, 5, d) for d in ("color", "none")]
+        for run in results["chain"]:
+            print(table(f"5-chunk chains, drift_correction={run['drift_correction']}: shape and colour kept in every "
+                        f"chunk by {run['kept_shape_and_colour_to_the_end']:.0%} of {run['chains']}",
+                        {f"chunk {i + 1}": row for i, row in enumerate(run["per_chunk"])},
+                        ("colour+shape", "colour", "shape", "motion", "luma_change", "histogram_distance")))
+    if "fidelity" in sections:
+        print(table(f"fidelity: t2v adherence on {len(specs)} held-out prompts", results["fidelity"],
+                    (*cols, "seconds_per_clip")))
+    if "vlm" in sections:
+        results["vlm"] = run_vlm(args.frames)
+        print(f"\nvlm-shapes on {results['vlm']['frames']} held-out frames via /v1/chat/completions: "
+              f"caption {results['vlm']['caption']}, colour question {results['vlm']['colour_question']}, "
+              f"shape question {results['vlm']['shape_question']}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Train vlm-shapes to caption frames and answer questions about them: `python -m training.train_vlm`.
+
+Frames come from train-split clips whose (shape, colour, background) triples are not in
+shapes_world.FRAME_HELDOUT, so held-out evaluation frames show combinations it never saw.
+Each step asks every frame of the batch a fresh question (a caption, a colour, a shape, the
+background, a count) in the chat template the engine uses; the loss is on the answer and
+its end token only. Vision tower, projector and decoder are all trained, from scratch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import shapes_world as world
+from .vlm_shapes import FOLDER, build, frame, questions, user_message
+from .wan_shapes import write_log
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2500)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--frames", type=int, default=4000, help="distinct training frames")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(FOLDER))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.time()
+    rng = np.random.default_rng(args.seed)
+    model, processor = build(args.seed)
+    model.train()
+    tokenizer = processor.tokenizer
+    specs = [s for s in world.sample_specs(int(args.frames * 1.3), args.seed + 11, frames=17, two_shapes=0.3,
+                                            gradient=0.2, extra_motions=0.15) if not world.is_frame_heldout(s)]
+    specs = specs[:args.frames]
+    images = [frame(s, rng) for s in specs]
+    pixels = processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    prompt_ids: dict[tuple[str, bool], list[int]] = {}
+
+    def sample(i: int) -> tuple[list[int], list[int]]:
+        question, answer = questions(specs[i], rng)
+        key = (question, bool(rng.random() < 0.7))  # the image before or after the question, as users send them
+        if key not in prompt_ids:
+            text = processor.apply_chat_template(user_message(*key), add_generation_prompt=True, tokenize=False)
+            prompt_ids[key] = processor(text=text, images=[images[i]], add_special_tokens=False)["input_ids"][0]
+        target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        return list(prompt_ids[key]) + target, [-100] * len(prompt_ids[key]) + target
+
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 100) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * s / args.steps))))
+    torch.manual_seed(args.seed)
+    log, losses = [], []
+    for step in range(args.steps):
+        idx = rng.integers(len(specs), size=args.batch)
+        rows = [sample(i) for i in idx]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((args.batch, width), tokenizer.pad_token_id)
+        labels = torch.full((args.batch, width), -100)
+        mask = torch.zeros((args.batch, width), dtype=torch.long)
+        for r, (row_ids, row_labels) in enumerate(rows):
+            ids[r, :len(row_ids)], labels[r, :len(row_ids)], mask[r, :len(row_ids)] = (
+                torch.tensor(row_ids), torch.tensor(row_labels), 1)
+        loss = model(input_ids=ids, attention_mask=mask, pixel_values=pixels[idx], labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        losses.append(loss.item())
+        if (step + 1) % 100 == 0 or step == args.steps - 1:
+            log.append({"step": step + 1, "loss": round(float(np.mean(losses)), 5),
+                        "seconds": round(time.time() - start, 1)})
+            losses = []
+            print(log[-1], flush=True)
+    model.eval()
+    model.save_pretrained(args.out, safe_serialization=True)
+    processor.save_pretrained(args.out)
+    write_log(Path(args.out) / "training.json", {"args": vars(args), "log": log})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""`vlm-shapes`: the LLM path's architecture (CLIP tower + MLP projector + Llama decoder, as
+`LlavaForConditionalGeneration`) at shapes-world size, and the questions it is trained on.
+
+The tokenizer is byte-level BPE (any text encodes) with merges learnt from the question and
+answer templates, so the words of the shapes world are one token each; the chat template
+and special tokens are vlm-tiny's, so the engine serves both the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                          LlavaForConditionalGeneration, LlavaProcessor, PreTrainedTokenizerFast)
+
+from pipelines.llm.tiny import CHAT_TEMPLATE, SPECIALS
+
+from . import shapes_world as world
+
+FOLDER = Path(__file__).resolve().parents[1] / "vidserve" / "weights" / "vlm-shapes"
+IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
+DESCRIBE = ("Describe the image.", "What is in this picture?", "What do you see?", "Caption this frame.")
+
+
+def describe(spec: world.ClipSpec) -> str:
+    """What a still frame shows (no motion): "a red circle and a blue square on a gray background"."""
+    return " and ".join(f"a {o.colour} {o.shape}" for o in spec.objects) + f" on a {spec.background} background"
+
+
+def questions(spec: world.ClipSpec, rng: np.random.Generator) -> tuple[str, str]:
+    """One (question, answer) about the frame."""
+    obj = spec.objects[rng.integers(len(spec.objects))]
+    kind = rng.integers(6)
+    if kind == 0:
+        return f"What colour is the {obj.shape}?", obj.colour
+    if kind == 1:
+        return f"What color is the {obj.shape}?", obj.colour
+    if kind == 2:
+        return (f"What shape is the {obj.colour} object?", obj.shape) if len(spec.objects) > 1 or rng.random() < 0.5 \
+            else ("What shape is it?", obj.shape)
+    if kind == 3:
+        return "What colour is the background?", spec.background
+    if kind == 4:
+        return "How many shapes are there?", ("one", "two")[len(spec.objects) - 1]
+    return DESCRIBE[rng.integers(len(DESCRIBE))], describe(spec)
+
+
+def corpus() -> list[str]:
+    """Every word the questions and answers use, in their usual contexts: what BPE learns merges from."""
+    rng = np.random.default_rng(0)
+    specs = world.sample_specs(600, 0, frames=17, two_shapes=0.3)
+    return [text for s in specs for _ in range(3) for text in questions(s, rng)] + list(DESCRIBE)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|end|>", unk_token="<unk>",
+        extra_special_tokens=SPECIALS[3:7], model_max_length=2048, chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build(seed: int) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    vision = CLIPVisionConfig(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
+                              image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=96)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    config = LlavaConfig(vision_config=vision, text_config=text,
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+                         vision_feature_layer=-1, vision_feature_select_strategy="default")
+    model = LlavaForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessorPil(crop_size=IMAGE_SIZE, size={"shortest_edge": IMAGE_SIZE}),
+        tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE,
+    )
+    return model, processor
+
+
+def frame(spec: world.ClipSpec, rng: np.random.Generator) -> Image.Image:
+    return Image.fromarray(world.render(spec)[rng.integers(spec.frames)])
+
+
+def user_message(question: str, image_first: bool = True) -> list[dict]:
+    parts = [{"type": "image"}, {"type": "text", "text": question}]
+    return [{"role": "user", "content": parts if image_first else parts[::-1]}]

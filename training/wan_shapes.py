@@ -1,0 +1,100 @@
+"""`wan-shapes`: the architecture and the shared pieces of its two training runs (issue 9).
+
+A Wan2.2-TI2V-style model at shapes-world size: a causal `AutoencoderKLWan` (4x spatial,
+4x temporal, 8 latent channels), a `WanTransformer3DModel` whose first latent frame may be
+given clean with timestep 0 (diffusers' `expand_timesteps`: one model for text-to-video and
+image-to-video), and a frozen, seeded UMT5 encoder over a word-level tokenizer of the
+shapes-world vocabulary. `train_vae.py` trains the autoencoder, `train_wan.py` the
+transformer on its latents; both write into WEIGHTS/wan-shapes, a plain diffusers folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+
+from . import shapes_world as world
+
+WEIGHTS = Path(__file__).resolve().parents[1] / "vidserve" / "weights"
+FOLDER = WEIGHTS / "wan-shapes"
+SIZE, FRAMES = 64, 17  # 1 s at 16 fps: 5 latent frames of 16x16, 5x8x8 = 320 transformer tokens
+LATENT_CHANNELS = 8
+TEXT_TOKENS = 24  # the longest caption (two shapes) is 16 words + </s>
+FLOW_SHIFT = 2.0
+WORDS = sorted({*world.SHAPES, *world.COLOURS, *world.BACKGROUNDS, *world.MOTIONS, *world.EXTRA_MOTIONS,
+                *world._SYNONYMS, "a", "an", "the", "and", "on", "moving", "standing", "background", "object",
+                "shape", "video", "of", "in", "with", "to", "is", "going"})
+
+
+def build_text_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per shapes-world word (lower-cased; anything else is <unk>): a caption is a few
+    tokens, which a small frozen encoder can keep apart."""
+    vocab = {w: i for i, w in enumerate(["<pad>", "</s>", "<unk>", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   model_max_length=TEXT_TOKENS)
+
+
+def build_text_encoder(vocab_size: int, seed: int) -> UMT5EncoderModel:
+    # Frozen at its seeded initialisation, as Wan keeps umT5 frozen: distinct words give
+    # distinct features, and the transformer's text projection learns to read them.
+    torch.manual_seed(seed)
+    config = UMT5Config(vocab_size=vocab_size, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                        relative_attention_num_buckets=8, relative_attention_max_distance=32)
+    return UMT5EncoderModel(config).eval()
+
+
+def build_vae(seed: int) -> AutoencoderKLWan:
+    torch.manual_seed(seed)
+    return AutoencoderKLWan(
+        base_dim=16, z_dim=LATENT_CHANNELS, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True],
+        attn_scales=[], scale_factor_spatial=4, scale_factor_temporal=4,
+        latents_mean=[0.0] * LATENT_CHANNELS, latents_std=[1.0] * LATENT_CHANNELS,
+    )
+
+
+def build_transformer(seed: int) -> WanTransformer3DModel:
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64, in_channels=LATENT_CHANNELS,
+        out_channels=LATENT_CHANNELS, text_dim=64, freq_dim=64, ffn_dim=512, num_layers=4, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=64,
+    )
+
+
+def build_scheduler() -> UniPCMultistepScheduler:
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000,
+                                   flow_shift=FLOW_SHIFT)
+
+
+def build_pipeline(vae: AutoencoderKLWan, transformer: WanTransformer3DModel, seed: int) -> WanPipeline:
+    tokenizer = build_text_tokenizer()
+    return WanPipeline(tokenizer=tokenizer, text_encoder=build_text_encoder(len(tokenizer), seed), vae=vae,
+                       transformer=transformer, scheduler=build_scheduler(), expand_timesteps=True)
+
+
+def to_tensor(clips: np.ndarray | list) -> torch.Tensor:
+    """uint8 [B, F, H, W, 3] -> float [B, 3, F, H, W] in [-1, 1], the VAE's input."""
+    x = torch.from_numpy(np.ascontiguousarray(np.stack(clips))).float()
+    return x.permute(0, 4, 1, 2, 3) / 127.5 - 1.0
+
+
+def latent_stats(vae: AutoencoderKLWan) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) [1, C, 1, 1, 1] the pipelines normalise latents with, from the VAE's config."""
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    return mean, std
+
+
+def write_log(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
