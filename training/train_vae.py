@@ -15,7 +15,6 @@ with them) and held-out clips are reconstructed and scored.
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from pathlib import Path
@@ -23,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import shapes_world as world
+from . import common, shapes_world as world
 from .shapes_score import score
-from .wan_shapes import FOLDER, FRAMES, SIZE, build_vae, to_tensor, write_log
+from .wan_shapes import FOLDER, FRAMES, SIZE, build_vae, to_tensor
 
 WINDOW = 9
 
@@ -71,13 +70,11 @@ def train(vae, steps: int, size: int, window: int, sample: bool, lr: float, seed
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.parser(__doc__, FOLDER)
     parser.add_argument("--steps", type=int, default=800, help="phase 1: 9-frame windows, sampled latents")
     parser.add_argument("--full-steps", type=int, nargs=3, default=[350, 700, 1200],
                         help="phases 2 and 3: whole clips, posterior mean; phase 4: the decoder alone")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(FOLDER))
-    args = parser.parse_args()
+    args = common.parse(parser)
 
     torch.manual_seed(args.seed)
     vae = build_vae(args.seed).train()
@@ -114,7 +111,7 @@ def finish(vae, args, log: list) -> None:
                   **{k: round(float(np.mean([s[k] for s in scores])), 3) for k in ("colour", "shape", "motion", "all")}}
     print("reconstruction of held-out clips:", evaluation)
     vae.save_pretrained(f"{args.out}/vae", safe_serialization=True)
-    write_log(Path(args.out) / "training" / "vae.json",
+    common.write_log(Path(args.out) / "training" / "vae.json",
               {"args": vars(args), "log": log, "evaluation": evaluation,
                "latents_mean": vae.config.latents_mean, "latents_std": vae.config.latents_std})
 

@@ -9,7 +9,6 @@ its end token only. Vision tower, projector and decoder are all trained, from sc
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from pathlib import Path
@@ -17,23 +16,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import shapes_world as world
+from . import common, shapes_world as world
 from .vlm_shapes import FOLDER, build, frame, questions, user_message
-from .wan_shapes import write_log
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.parser(__doc__, FOLDER)
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--frames", type=int, default=4000, help="distinct training frames")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(FOLDER))
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = common.parse(parser)
     start = time.time()
     rng = np.random.default_rng(args.seed)
     model, processor = build(args.seed)
@@ -85,7 +78,7 @@ def main() -> None:
     model.eval()
     model.save_pretrained(args.out, safe_serialization=True)
     processor.save_pretrained(args.out)
-    write_log(Path(args.out) / "training.json", {"args": vars(args), "log": log})
+    common.write_log(Path(args.out) / "training.json", {"args": vars(args), "log": log})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ weights is what gets saved, as a complete diffusers folder.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -25,9 +24,9 @@ from diffusers import AutoencoderKLWan
 
 from vidserve.registry import SERVING_FILE
 
-from . import shapes_world as world
+from . import common, shapes_world as world
 from .wan_shapes import (FLOW_SHIFT, FOLDER, FRAMES, SIZE, TEXT_TOKENS, build_pipeline, build_transformer,
-                         latent_stats, to_tensor, write_log)
+                         latent_stats, to_tensor)
 
 
 @torch.no_grad()
@@ -50,18 +49,13 @@ def encode_captions(pipe, captions: list[str]) -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.parser(__doc__, FOLDER)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--clips", type=int, default=3000)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--ema", type=float, default=0.999)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(FOLDER))
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = common.parse(parser)
     out = Path(args.out)
     start = time.time()
 
@@ -120,7 +114,7 @@ def main() -> None:
         if (step + 1) % 1000 == 0 or step == args.steps - 1:
             pipe.save_pretrained(out, safe_serialization=True)  # the EMA weights, a loadable folder
             (out / SERVING_FILE).write_text(json.dumps({"base": "wan-shapes"}, indent=2) + "\n")
-    write_log(out / "training" / "transformer.json", {"args": vars(args), "log": log})
+    common.write_log(out / "training" / "transformer.json", {"args": vars(args), "log": log})
 
 
 if __name__ == "__main__":

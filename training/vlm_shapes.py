@@ -8,20 +8,19 @@ and special tokens are vlm-tiny's, so the engine serves both the same way.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from PIL import Image
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                          LlavaForConditionalGeneration, LlavaProcessor, PreTrainedTokenizerFast)
+from transformers import (CLIPVisionConfig, LlamaConfig, LlavaForConditionalGeneration, LlavaProcessor,
+                          PreTrainedTokenizerFast)
 
-from pipelines.llm.tiny import CHAT_TEMPLATE, SPECIALS
+from vidserve.pipelines.llm.tiny import CHAT_TEMPLATE, SPECIALS, assemble_llava
+from vidserve.registry import WEIGHTS
 
 from . import shapes_world as world
 
-FOLDER = Path(__file__).resolve().parents[1] / "vidserve" / "weights" / "vlm-shapes"
+FOLDER = WEIGHTS / "vlm-shapes"
 IMAGE_SIZE, PATCH = 64, 8  # 64 image tokens
 DESCRIBE = ("Describe the image.", "What is in this picture?", "What do you see?", "Caption this frame.")
 
@@ -78,17 +77,7 @@ def build(seed: int) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
-    config = LlavaConfig(vision_config=vision, text_config=text,
-                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
-                         vision_feature_layer=-1, vision_feature_select_strategy="default")
-    model = LlavaForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    processor = LlavaProcessor(
-        image_processor=CLIPImageProcessorPil(crop_size=IMAGE_SIZE, size={"shortest_edge": IMAGE_SIZE}),
-        tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="default",
-        num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE,
-    )
-    return model, processor
+    return assemble_llava(tokenizer, vision, text, IMAGE_SIZE, PATCH)
 
 
 def frame(spec: world.ClipSpec, rng: np.random.Generator) -> Image.Image:

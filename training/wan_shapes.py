@@ -10,18 +10,16 @@ transformer on its latents; both write into WEIGHTS/wan-shapes, a plain diffuser
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import torch
 from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 
+from vidserve.registry import WEIGHTS
+
 from . import shapes_world as world
 
-WEIGHTS = Path(__file__).resolve().parents[1] / "vidserve" / "weights"
 FOLDER = WEIGHTS / "wan-shapes"
 SIZE, FRAMES = 64, 17  # 1 s at 16 fps: 5 latent frames of 16x16, 5x8x8 = 320 transformer tokens
 LATENT_CHANNELS = 8
@@ -94,7 +92,3 @@ def latent_stats(vae: AutoencoderKLWan) -> tuple[torch.Tensor, torch.Tensor]:
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     return mean, std
 
-
-def write_log(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")

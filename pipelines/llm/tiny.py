@@ -61,14 +61,22 @@ def build_tiny_vlm() -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
                        # Sharper attention and faster-turning rotary phases than the defaults, so
                        # that a wrong position id changes the tokens (tests rely on it).
                        initializer_range=0.15, rope_parameters={"rope_type": "default", "rope_theta": 100.0})
+    model, processor = assemble_llava(tokenizer, vision, text, IMAGE_SIZE, PATCH)
+    return model.eval(), processor
+
+
+def assemble_llava(tokenizer, vision: CLIPVisionConfig, text: LlamaConfig, image_size: int,
+                   patch: int) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    """A LLaVA model (CLIP tower, MLP projector, Llama) and its processor, with our chat template;
+    the model's weights are drawn from torch's current random state."""
     config = LlavaConfig(vision_config=vision, text_config=text,
                          image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
                          vision_feature_layer=-1, vision_feature_select_strategy="default")
-    model = LlavaForConditionalGeneration(config).eval()
+    model = LlavaForConditionalGeneration(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     processor = LlavaProcessor(
-        image_processor=CLIPImageProcessorPil(crop_size=IMAGE_SIZE, size={"shortest_edge": IMAGE_SIZE}),
-        tokenizer=tokenizer, patch_size=PATCH, vision_feature_select_strategy="default",
+        image_processor=CLIPImageProcessorPil(crop_size=image_size, size={"shortest_edge": image_size}),
+        tokenizer=tokenizer, patch_size=patch, vision_feature_select_strategy="default",
         num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE,
     )
     return model, processor
