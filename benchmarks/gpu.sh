@@ -13,15 +13,7 @@
 # Expected about 3 minutes on an H200 (imports included). Each step has a timeout (90 s, 330 s)
 # and gpu_steps.py starts no variant after 240 s, so it ends within about 7.5 minutes.
 #
-# Nothing is installed there (no network). The machine's image has torch and triton but no
-# diffusers or pydantic: carry them as wheels in $WHEELS (default .whl in the repo root; made
-# on a machine with network, e.g. for its Python 3.12 with
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_17_x86_64 -d .whl diffusers==0.42.1 pydantic==2.13.4 \
-#     pydantic-core==2.46.4 annotated-types typing-inspection
-# , about 9 MB: the image's huggingface-hub, safetensors, transformers and pillow do). They are
-# unpacked (no pip) into a temporary folder put on PYTHONPATH. vidserve need not be installed:
-# if it does not import, a temporary package of links to this checkout stands in.
+# Nothing is installed there (no network): benchmarks/gpu_env.sh says which wheels to carry.
 set -euo pipefail
 
 # Paths given relative to the caller's folder stay valid after the cd to the repo root.
@@ -29,31 +21,9 @@ if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); fi
 if [[ "${PYTHON:-}" == */* ]]; then PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")"; fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-benchmarks/results/gpu}"
-if [[ -z "${PYTHON:-}" ]]; then  # python, else python3 (the H200 image's torch is under python3)
-  for PYTHON in python python3 ""; do
-    [[ -n "$PYTHON" ]] && command -v "$PYTHON" >/dev/null && "$PYTHON" -c "import torch" 2>/dev/null && break
-  done
-  [[ -n "$PYTHON" ]] || { echo "gpu.sh: no python with torch on PATH; set PYTHON" >&2; exit 2; }
-fi
-WHEELS="${WHEELS:-.whl}"  # relative to the repo root
-export PYTHONUNBUFFERED=1
+source benchmarks/gpu_env.sh
 mkdir -p "$OUT"
 start=$SECONDS
-site=$(mktemp -d)
-trap 'rm -rf "$site"' EXIT
-
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-  for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$site/"; done
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-# Checks run from "$site": from the repo root, ./vidserve (the top package alone) would shadow the stand-in.
-if ! (cd "$site" && "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vidserve.kernels') is None)" 2>/dev/null); then
-  # pyproject maps vidserve.kernels -> kernels/, vidserve.pipelines -> pipelines/, ...
-  mkdir "$site/vidserve"
-  ln -s "$PWD"/vidserve/*.py "$site/vidserve/"
-  for sub in kernels pipelines api workers; do ln -s "$PWD/$sub" "$site/vidserve/$sub"; done
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
 
 {
   echo "== $(date -u +%FT%TZ) $(hostname), $(nproc) CPUs"

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from training import shapes_world as world
+from training import common, shapes_world as world
 from training.shapes_score import score_caption
+from training.vlm_shapes import build as build_vlm, pixel_values
 from vidserve.api.app import create_app
 from vidserve.config import Settings
 from vidserve.pipelines.chain import generate_video
@@ -95,11 +97,24 @@ def _run(module: str, *args: str) -> None:
 def test_training_scripts_run_end_to_end(tmp_path):
     """A few steps of each script: they write folders that load and generate like the committed ones."""
     out = tmp_path / "wan"
-    _run("training.train_vae", "--steps", "2", "--full-steps", "1", "1", "1", "--out", str(out))
-    _run("training.train_wan", "--steps", "2", "--batch", "2", "--clips", "8", "--out", str(out))
+    _run("training.train_vae", "--steps", "2", "--full-steps", "1", "1", "1", "--batches", "2", "1", "1", "1",
+         "--workers", "1", "--out", str(out))
+    _run("training.train_wan", "--steps", "2", "--batch", "2", "--clips", "8", "--workers", "1", "--out", str(out))
     spec = spec_from_folder(out)
     frames = generate_video(build_request(spec, Settings(), "a red circle moving left on a black background",
                                           seed=0, steps=2), device="cpu", dtype="float32").frames
     assert frames.shape == (17, 64, 64, 3)
     _run("training.train_vlm", "--steps", "2", "--batch", "4", "--frames", "40", "--out", str(tmp_path / "vlm"))
     assert (tmp_path / "vlm" / "model.safetensors").exists() and (tmp_path / "vlm" / "training.json").exists()
+
+
+def test_training_pixels_are_what_the_served_processor_makes():
+    """train_vlm normalises frames itself; the engine serves through the processor: the same numbers."""
+    _, processor = build_vlm(0)
+    frames = np.stack([world.render(s)[5] for s in world.sample_specs(4, 3, frames=17)])
+    served = processor.image_processor(images=[Image.fromarray(f) for f in frames], return_tensors="pt")
+    torch.testing.assert_close(pixel_values(processor, frames), served["pixel_values"], atol=1e-5, rtol=0)
+
+
+def test_prefetch_keeps_order_with_workers():
+    assert list(common.prefetch(abs, range(-9, 0), workers=2)) == list(range(9, 0, -1))

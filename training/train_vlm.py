@@ -1,6 +1,7 @@
 """Train vlm-shapes to caption frames and answer questions about them: `python -m training.train_vlm`.
 
-Frames come from train-split clips whose (shape, colour, background) triples are not in
+Frames (one of each clip, tens of thousands: a vision tower trained from scratch on a few
+thousand memorises them and never learns shape) come from train-split clips whose (shape, colour, background) triples are not in
 shapes_world.FRAME_HELDOUT, so held-out evaluation frames show combinations it never saw.
 Each step asks every frame of the batch a fresh question (a caption, a colour, a shape, the
 background, a count) in the chat template the engine uses; the loss is on the answer and
@@ -15,28 +16,37 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from . import common, shapes_world as world
-from .vlm_shapes import FOLDER, build, frame, questions, user_message
+from .vlm_shapes import FOLDER, build, pixel_values, questions, user_message
+
+
+def render_frames(job: tuple[int, list]) -> np.ndarray:
+    """One random frame of each clip, uint8 [N, H, W, 3], the frame chosen by the job's seed."""
+    seed, specs = job
+    rng = np.random.default_rng(seed)
+    return np.stack([world.render(s)[rng.integers(s.frames)] for s in specs])
 
 
 def main() -> None:
     parser = common.parser(__doc__, FOLDER)
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--frames", type=int, default=4000, help="distinct training frames")
+    parser.add_argument("--frames", type=int, default=40000,
+                        help="distinct training frames (a ViT from scratch memorises a few thousand)")
     parser.add_argument("--lr", type=float, default=1e-3)
     args = common.parse(parser)
-    start = time.time()
     rng = np.random.default_rng(args.seed)
     model, processor = build(args.seed)
-    model.train()
+    model.to(args.device).train()
     tokenizer = processor.tokenizer
     specs = [s for s in world.sample_specs(int(args.frames * 1.3), args.seed + 11, frames=17, two_shapes=0.3,
                                             gradient=0.2, extra_motions=0.15) if not world.is_frame_heldout(s)]
     specs = specs[:args.frames]
-    images = [frame(s, rng) for s in specs]
-    pixels = processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    jobs = ((args.seed * 1_000_003 + i, specs[i:i + 256]) for i in range(0, len(specs), 256))
+    frames = np.concatenate(list(common.prefetch(render_frames, jobs, args.workers)))
+    print(f"rendered {len(frames)} frames in {time.time() - args.started:.0f} s", flush=True)
     prompt_ids: dict[tuple[str, bool], list[int]] = {}
 
     def sample(i: int) -> tuple[list[int], list[int]]:
@@ -44,7 +54,8 @@ def main() -> None:
         key = (question, bool(rng.random() < 0.7))  # the image before or after the question, as users send them
         if key not in prompt_ids:
             text = processor.apply_chat_template(user_message(*key), add_generation_prompt=True, tokenize=False)
-            prompt_ids[key] = processor(text=text, images=[images[i]], add_special_tokens=False)["input_ids"][0]
+            image = Image.fromarray(frames[i])
+            prompt_ids[key] = processor(text=text, images=[image], add_special_tokens=False)["input_ids"][0]
         target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         return list(prompt_ids[key]) + target, [-100] * len(prompt_ids[key]) + target
 
@@ -54,6 +65,10 @@ def main() -> None:
     torch.manual_seed(args.seed)
     log, losses = [], []
     for step in range(args.steps):
+        if common.out_of_time(args):
+            log.append({"stopped_early_at_step": step})
+            print(log[-1], flush=True)
+            break
         idx = rng.integers(len(specs), size=args.batch)
         rows = [sample(i) for i in idx]
         width = max(len(ids) for ids, _ in rows)
@@ -63,19 +78,21 @@ def main() -> None:
         for r, (row_ids, row_labels) in enumerate(rows):
             ids[r, :len(row_ids)], labels[r, :len(row_ids)], mask[r, :len(row_ids)] = (
                 torch.tensor(row_ids), torch.tensor(row_labels), 1)
-        loss = model(input_ids=ids, attention_mask=mask, pixel_values=pixels[idx], labels=labels).loss
+        pixels = pixel_values(processor, frames[idx])
+        loss = model(input_ids=ids.to(args.device), attention_mask=mask.to(args.device),
+                     pixel_values=pixels.to(args.device), labels=labels.to(args.device)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         schedule.step()
-        losses.append(loss.item())
+        losses.append(loss.detach())
         if (step + 1) % 100 == 0 or step == args.steps - 1:
-            log.append({"step": step + 1, "loss": round(float(np.mean(losses)), 5),
-                        "seconds": round(time.time() - start, 1)})
+            log.append({"step": step + 1, "loss": round(torch.stack(losses).mean().item(), 5),
+                        "seconds": round(time.time() - args.started, 1)})
             losses = []
             print(log[-1], flush=True)
-    model.eval()
+    model.to("cpu").eval()
     model.save_pretrained(args.out, safe_serialization=True)
     processor.save_pretrained(args.out)
     common.write_log(Path(args.out) / "training.json", {"args": vars(args), "log": log})

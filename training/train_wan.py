@@ -7,7 +7,7 @@ flow_shift shifts it) and regresses the velocity noise - latents. Half the sampl
 image-to-video: their first latent frame stays clean with timestep 0 on its tokens and
 out of the loss, which is how Wan2.2 TI2V conditions on a first frame. One caption in ten
 is dropped to "" for classifier-free guidance. The exponential moving average of the
-weights is what gets saved, as a complete diffusers folder.
+weights is what gets saved, as a complete diffusers folder (all but vae/, train_vae.py's).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,23 +31,39 @@ from .wan_shapes import (FLOW_SHIFT, FOLDER, FRAMES, SIZE, TEXT_TOKENS, build_pi
                          latent_stats, to_tensor)
 
 
-@torch.no_grad()
-def encode_clips(vae: AutoencoderKLWan, specs: list, batch: int = 16) -> torch.Tensor:
-    mean, std = latent_stats(vae)
-    out = []
-    for i in range(0, len(specs), batch):
-        x = to_tensor([world.render(s) for s in specs[i:i + batch]])
-        out.append((vae.encode(x).latent_dist.mode() - mean) / std)
-    return torch.cat(out)
+def render(specs: list) -> np.ndarray:
+    return np.stack([world.render(s) for s in specs])
 
 
 @torch.no_grad()
-def encode_captions(pipe, captions: list[str]) -> dict[str, torch.Tensor]:
-    embeds = {}
-    for text in sorted(set(captions) | {""}):
-        embeds[text] = pipe.encode_prompt(text, do_classifier_free_guidance=False, max_sequence_length=TEXT_TOKENS,
-                                          device=torch.device("cpu"))[0][0]
-    return embeds
+def encode_clips(vae: AutoencoderKLWan, specs: list, workers: int = 0, batch: int = 16) -> torch.Tensor:
+    mean, std = (t.to(vae.device) for t in latent_stats(vae))
+    chunks = (specs[i:i + batch] for i in range(0, len(specs), batch))
+    return torch.cat([(vae.encode(to_tensor(clips).to(vae.device)).latent_dist.mode() - mean) / std
+                      for clips in common.prefetch(render, chunks, workers)])
+
+
+@torch.no_grad()
+def encode_captions(pipe, captions: list[str], batch: int = 256) -> tuple[dict[str, int], torch.Tensor]:
+    """(row of each text, embeddings [N, TEXT_TOKENS, dim]); row 0 is "", the dropped caption."""
+    texts = ["", *sorted(set(captions) - {""})]
+    embeds = [pipe.encode_prompt(texts[i:i + batch], do_classifier_free_guidance=False,
+                                 max_sequence_length=TEXT_TOKENS, device=pipe.text_encoder.device)[0]
+              for i in range(0, len(texts), batch)]
+    return {t: i for i, t in enumerate(texts)}, torch.cat(embeds)
+
+
+def save(pipe, out: Path) -> None:
+    """The pipeline as a loadable diffusers folder, all but the VAE: out/vae is train_vae.py's,
+    whose decoder may still be training beside this run."""
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        pipe.save_pretrained(tmp, safe_serialization=True)
+        for item in Path(tmp).iterdir():
+            if item.name != "vae":
+                shutil.rmtree(out / item.name, ignore_errors=True)
+                (out / item.name).unlink(missing_ok=True)
+                item.rename(out / item.name)
+    (out / SERVING_FILE).write_text(json.dumps({"base": "wan-shapes"}, indent=2) + "\n")
 
 
 def main() -> None:
@@ -56,64 +74,67 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--ema", type=float, default=0.999)
     args = common.parse(parser)
-    out = Path(args.out)
-    start = time.time()
+    out, device = Path(args.out), torch.device(args.device)
 
-    vae = AutoencoderKLWan.from_pretrained(out / "vae").eval()
+    vae = AutoencoderKLWan.from_pretrained(out / "vae").to(device).eval()
     torch.manual_seed(args.seed)
-    model = build_transformer(args.seed).train()
+    model = build_transformer(args.seed).to(device).train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
-    pipe = build_pipeline(vae, ema, args.seed)
+    pipe = build_pipeline(vae, ema, args.seed).to(device)
     specs = world.sample_specs(args.clips, args.seed + 7, frames=FRAMES, width=SIZE, height=SIZE,
                                two_shapes=0.15, gradient=0.2, extra_motions=0.15)
     captions = [world.caption(s) for s in specs]
-    latents = encode_clips(vae, specs)
-    text = encode_captions(pipe, captions)
-    print(f"encoded {len(specs)} clips {tuple(latents.shape[1:])} and {len(text)} captions "
-          f"in {time.time() - start:.0f} s", flush=True)
+    rows, text = encode_captions(pipe, captions)
+    caption_of = torch.tensor([rows[c] for c in captions])
+    latents = encode_clips(vae, specs, args.workers)
+    print(f"encoded {len(specs)} clips {tuple(latents.shape[1:])} and {len(rows)} captions "
+          f"in {time.time() - args.started:.0f} s", flush=True)
 
     frame_tokens = (latents.shape[3] // 2) * (latents.shape[4] // 2)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 200) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / args.steps))))
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same draws on any device
+    params, ema_params = list(model.parameters()), list(ema.parameters())
     log, losses = [], []
     for step in range(args.steps):
+        if common.out_of_time(args):
+            log.append({"stopped_early_at_step": step})
+            print(log[-1], flush=True)
+            break
         idx = torch.randint(len(specs), (args.batch,), generator=gen)
-        x0 = latents[idx]
-        noise = torch.randn(x0.shape, generator=gen)
+        x0 = latents[idx.to(device)]
+        noise = torch.randn(x0.shape, generator=gen).to(device)
         u = torch.rand(args.batch, generator=gen)
-        sigma = FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
+        sigma = (FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)).to(device)
         xt = (1 - sigma.view(-1, 1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1, 1) * noise
-        with_image = torch.rand(args.batch, generator=gen) < 0.5
+        with_image = (torch.rand(args.batch, generator=gen) < 0.5).to(device)
         xt[with_image, :, 0] = x0[with_image, :, 0]
         timestep = (sigma * 1000).view(-1, 1).repeat(1, x0.shape[2] * frame_tokens)
         timestep[with_image, :frame_tokens] = 0
         weight = torch.ones_like(x0[:, :1])
         weight[with_image, :, 0] = 0
         drop = torch.rand(args.batch, generator=gen) < 0.1
-        context = torch.stack([text["" if d else captions[i]] for i, d in zip(idx.tolist(), drop.tolist())])
+        context = text[torch.where(drop, 0, caption_of[idx]).to(device)]
 
         pred = model(xt, timestep, context, return_dict=False)[0]
         loss = (weight * (pred - (noise - x0)).square()).sum() / (weight.sum() * x0.shape[1])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         schedule.step()
         with torch.no_grad():
-            decay = min(args.ema, (1 + step) / (10 + step))
-            for e, p in zip(ema.parameters(), model.parameters()):
-                e.lerp_(p, 1 - decay)
-        losses.append(loss.item())
+            torch._foreach_lerp_(ema_params, params, 1 - min(args.ema, (1 + step) / (10 + step)))
+        losses.append(loss.detach())
         if (step + 1) % 100 == 0 or step == args.steps - 1:
-            log.append({"step": step + 1, "loss": round(float(np.mean(losses)), 5),
-                        "seconds": round(time.time() - start, 1)})
+            log.append({"step": step + 1, "loss": round(torch.stack(losses).mean().item(), 5),
+                        "seconds": round(time.time() - args.started, 1)})
             losses = []
             print(log[-1], flush=True)
-        if (step + 1) % 1000 == 0 or step == args.steps - 1:
-            pipe.save_pretrained(out, safe_serialization=True)  # the EMA weights, a loadable folder
-            (out / SERVING_FILE).write_text(json.dumps({"base": "wan-shapes"}, indent=2) + "\n")
+        if (step + 1) % 1000 == 0:
+            save(pipe, out)  # the EMA weights, a loadable checkpoint while training goes on
+    save(pipe, out)
     common.write_log(out / "training" / "transformer.json", {"args": vars(args), "log": log})
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from PIL import Image
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (CLIPVisionConfig, LlamaConfig, LlavaForConditionalGeneration, LlavaProcessor,
                           PreTrainedTokenizerFast)
@@ -80,8 +79,13 @@ def build(seed: int) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
     return assemble_llava(tokenizer, vision, text, IMAGE_SIZE, PATCH)
 
 
-def frame(spec: world.ClipSpec, rng: np.random.Generator) -> Image.Image:
-    return Image.fromarray(world.render(spec)[rng.integers(spec.frames)])
+def pixel_values(processor: LlavaProcessor, frames: np.ndarray) -> torch.Tensor:
+    """What processor.image_processor makes of uint8 [N, IMAGE_SIZE, IMAGE_SIZE, 3] frames (at
+    this size resize and crop keep them as they are), without a PIL round trip per frame."""
+    images = processor.image_processor
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (images.image_mean, images.image_std))
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() * images.rescale_factor
+    return (x - mean) / std
 
 
 def user_message(question: str, image_first: bool = True) -> list[dict]:

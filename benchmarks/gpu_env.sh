@@ -1,0 +1,34 @@
+# Sourced from the repo root by benchmarks/gpu.sh and training/gpu.sh, for a lent CUDA machine
+# with no network: picks $PYTHON, unpacks the carried wheels ($WHEELS, default .whl) into a
+# temporary folder $site on PYTHONPATH, and, where vidserve is not installed, puts a stand-in
+# package of links to this checkout there. Nothing is installed.
+#
+# The machine's image has torch, triton, transformers but no diffusers or pydantic: carry them
+# as wheels, made on a machine with network, e.g. for its Python 3.12 with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .whl diffusers==0.42.1 pydantic==2.13.4 \
+#     pydantic-core==2.46.4 annotated-types typing-inspection
+# (about 9 MB).
+if [[ -z "${PYTHON:-}" ]]; then  # python, else python3 (the H200 image's torch is under python3)
+  for PYTHON in python python3 ""; do
+    [[ -n "$PYTHON" ]] && command -v "$PYTHON" >/dev/null && "$PYTHON" -c "import torch" 2>/dev/null && break
+  done
+  [[ -n "$PYTHON" ]] || { echo "no python with torch on PATH; set PYTHON" >&2; exit 2; }
+fi
+WHEELS="${WHEELS:-.whl}"  # relative to the repo root
+export PYTHONUNBUFFERED=1
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$site/"; done
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# Checks run from "$site": from the repo root, ./vidserve (the top package alone) would shadow the stand-in.
+if ! (cd "$site" && "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vidserve.kernels') is None)" 2>/dev/null); then
+  # pyproject maps vidserve.kernels -> kernels/, vidserve.pipelines -> pipelines/, ...
+  mkdir "$site/vidserve"
+  ln -s "$PWD"/vidserve/*.py "$site/vidserve/"
+  for sub in kernels pipelines api workers; do ln -s "$PWD/$sub" "$site/vidserve/$sub"; done
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
