@@ -97,7 +97,8 @@ def main() -> None:
         vae = AutoencoderKLWan.from_pretrained(f"{args.out}/vae").to(args.device).train()
         earlier = json.loads((Path(args.out) / "training" / "vae.json").read_text())
         log = earlier["log"]
-        train(vae, args, args.full_steps[2], args.batches[3], FRAMES, False, 5e-4, args.seed + 4, log, decoder_only=True)
+        train(vae, args, args.full_steps[2], args.batches[3], FRAMES, False, 5e-4, args.seed + 4, log,
+              decoder_only=True)
         finish(vae, args, log, earlier_args=[*earlier.get("earlier_args", []), earlier["args"]])
         return
     vae = build_vae(args.seed).to(args.device).train()

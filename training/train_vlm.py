@@ -1,8 +1,9 @@
 """Train vlm-shapes to caption frames and answer questions about them: `python -m training.train_vlm`.
 
 Frames (one of each clip, tens of thousands: a vision tower trained from scratch on a few
-thousand memorises them and never learns shape) come from train-split clips whose (shape, colour, background) triples are not in
-shapes_world.FRAME_HELDOUT, so held-out evaluation frames show combinations it never saw.
+thousand memorises them and never learns shape) come from train-split clips whose (shape,
+colour, background) triples are not in shapes_world.FRAME_HELDOUT, so held-out evaluation
+frames show combinations it never saw.
 Each step asks every frame of the batch a fresh question (a caption, a colour, a shape, the
 background, a count) in the chat template the engine uses; the loss is on the answer and
 its end token only. Vision tower, projector and decoder are all trained, from scratch.
