@@ -49,7 +49,7 @@ try:
     import vidserve.pipelines.attention, vidserve.pipelines.speedups  # noqa: E401
     print("vidserve", vidserve.pipelines.attention.__file__)
 except ImportError as error:
-    sys.exit(f"gpu.sh: vidserve's pipelines do not import ({error}); carry the missing wheels (see gpu.sh)")
+    sys.exit(f"gpu.sh: vidserve's pipelines do not import ({error}); carry the missing wheels (see benchmarks/gpu_env.sh)")
 PY
 } 2>&1 | tee "$OUT/env.log"
 
