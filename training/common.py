@@ -1,5 +1,6 @@
 """What every training script shares: its command line's common flags, the device, a
-deadline, a pool that renders clips ahead of the step, and its JSON log."""
+deadline, a pool that renders clips ahead of the step, the optimizer and its schedule, the
+update step, and the loss log."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import collections
 import itertools
 import json
+import math
 import multiprocessing
 import time
 from pathlib import Path
@@ -43,6 +45,43 @@ def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
 
 def out_of_time(args: argparse.Namespace) -> bool:
     return bool(args.max_seconds) and time.time() - args.started > args.max_seconds
+
+
+def stopped_early(args: argparse.Namespace, log: list, step: int, **context) -> bool:
+    """True once past --max-seconds, with the step it stopped at recorded in the log."""
+    if not out_of_time(args):
+        return False
+    log.append({**context, "stopped_early_at_step": step})
+    print(log[-1], flush=True)
+    return True
+
+
+def optimizer(params, lr: float, steps: int, warmup: int, floor: float, weight_decay: float = 0.0):
+    """(AdamW, schedule): a linear warm-up over `warmup` steps, then cosine decay to floor x lr at `steps`."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    return opt, schedule
+
+
+def update(opt, schedule, loss: torch.Tensor, params: list) -> None:
+    """One optimizer step on `loss`, gradients clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    schedule.step()
+
+
+def log_losses(log: list, losses: list, step: int, steps: int, started: float, every: int = 100) -> list:
+    """Every `every` steps (and at the last) the mean of `losses` (tensors, so no sync each step)
+    goes into the log and is printed; returns the losses still to be averaged."""
+    if (step + 1) % every and step != steps - 1:
+        return losses
+    log.append({"step": step + 1, "loss": round(torch.stack(losses).mean().item(), 5),
+                "seconds": round(time.time() - started, 1)})
+    print(log[-1], flush=True)
+    return []
 
 
 def prefetch(fn, items, workers: int):

@@ -18,7 +18,6 @@ clips ahead of the step; benchmarks/gpu_train.sh is that run.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -52,15 +51,11 @@ def train(vae, args, steps: int, size: int, window: int, sample: bool, lr: float
           decoder_only: bool = False) -> None:
     """One phase: its own optimizer, warm-up and cosine decay; batches drawn from `seed`."""
     params = [*vae.decoder.parameters(), *vae.post_quant_conv.parameters()] if decoder_only else list(vae.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    opt, schedule = common.optimizer(params, lr, steps, warmup=50, floor=0.1)
     start = time.time()
     jobs = ((seed * 1_000_003 + step, size, window) for step in range(steps))
     for step, (clips, masks) in enumerate(common.prefetch(batch, jobs, args.workers)):
-        if common.out_of_time(args):
-            log.append({"frames": window, "decoder_only": decoder_only, "stopped_early_at_step": step})
-            print(log[-1], flush=True)
+        if common.stopped_early(args, log, step, frames=window, decoder_only=decoder_only):
             break
         x = to_tensor(clips).to(args.device)
         # Shape pixels weigh 5x: a shape is ~5% of a frame, and its edges are what the scorer and eye judge.
@@ -70,11 +65,7 @@ def train(vae, args, steps: int, size: int, window: int, sample: bool, lr: float
         rec = vae.decode(posterior.sample() if sample else posterior.mode()).sample
         err = rec - x
         loss = (w * (err.abs() + err.square())).mean() / w.mean() + (1e-6 * posterior.kl().mean() if sample else 0)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        schedule.step()
+        common.update(opt, schedule, loss, params)
         if step % 50 == 0 or step == steps - 1:
             log.append({"frames": window, "decoder_only": decoder_only, "step": step, "loss": round(loss.item(), 5),
                         "seconds": round(time.time() - start, 1)})

@@ -11,7 +11,6 @@ its end token only. Vision tower, projector and decoder are all trained, from sc
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -60,15 +59,12 @@ def main() -> None:
         target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         return list(prompt_ids[key]) + target, [-100] * len(prompt_ids[key]) + target
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 100) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * s / args.steps))))
+    params = list(model.parameters())
+    opt, schedule = common.optimizer(params, args.lr, args.steps, warmup=100, floor=0.05, weight_decay=0.01)
     torch.manual_seed(args.seed)
     log, losses = [], []
     for step in range(args.steps):
-        if common.out_of_time(args):
-            log.append({"stopped_early_at_step": step})
-            print(log[-1], flush=True)
+        if common.stopped_early(args, log, step):
             break
         idx = rng.integers(len(specs), size=args.batch)
         rows = [sample(i) for i in idx]
@@ -82,17 +78,8 @@ def main() -> None:
         pixels = pixel_values(processor, frames[idx])
         loss = model(input_ids=ids.to(args.device), attention_mask=mask.to(args.device),
                      pixel_values=pixels.to(args.device), labels=labels.to(args.device)).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        schedule.step()
-        losses.append(loss.detach())
-        if (step + 1) % 100 == 0 or step == args.steps - 1:
-            log.append({"step": step + 1, "loss": round(torch.stack(losses).mean().item(), 5),
-                        "seconds": round(time.time() - args.started, 1)})
-            losses = []
-            print(log[-1], flush=True)
+        common.update(opt, schedule, loss, params)
+        losses = common.log_losses(log, [*losses, loss.detach()], step, args.steps, args.started)
     model.to("cpu").eval()
     model.save_pretrained(args.out, safe_serialization=True)
     processor.save_pretrained(args.out)

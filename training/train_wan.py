@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import shutil
 import tempfile
 import time
@@ -91,16 +90,12 @@ def main() -> None:
           f"in {time.time() - args.started:.0f} s", flush=True)
 
     frame_tokens = (latents.shape[3] // 2) * (latents.shape[4] // 2)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 200) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / args.steps))))
-    gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same draws on any device
     params, ema_params = list(model.parameters()), list(ema.parameters())
+    opt, schedule = common.optimizer(params, args.lr, args.steps, warmup=200, floor=0.1, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same draws on any device
     log, losses = [], []
     for step in range(args.steps):
-        if common.out_of_time(args):
-            log.append({"stopped_early_at_step": step})
-            print(log[-1], flush=True)
+        if common.stopped_early(args, log, step):
             break
         idx = torch.randint(len(specs), (args.batch,), generator=gen)
         x0 = latents[idx.to(device)]
@@ -119,19 +114,10 @@ def main() -> None:
 
         pred = model(xt, timestep, context, return_dict=False)[0]
         loss = (weight * (pred - (noise - x0)).square()).sum() / (weight.sum() * x0.shape[1])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        schedule.step()
+        common.update(opt, schedule, loss, params)
         with torch.no_grad():
             torch._foreach_lerp_(ema_params, params, 1 - min(args.ema, (1 + step) / (10 + step)))
-        losses.append(loss.detach())
-        if (step + 1) % 100 == 0 or step == args.steps - 1:
-            log.append({"step": step + 1, "loss": round(torch.stack(losses).mean().item(), 5),
-                        "seconds": round(time.time() - args.started, 1)})
-            losses = []
-            print(log[-1], flush=True)
+        losses = common.log_losses(log, [*losses, loss.detach()], step, args.steps, args.started)
         if (step + 1) % 1000 == 0:
             save(pipe, out)  # the EMA weights, a loadable checkpoint while training goes on
     save(pipe, out)
