@@ -68,6 +68,27 @@ def test_render_format():
         sw.sample_specs(1, 0, frames=20)  # Wan takes 4k+1 frames
 
 
+
+def test_palettes_repaint_the_same_shapes_in_other_colours():
+    rng = np.random.default_rng(0)
+    for spec in sw.sample_specs(20, 4, frames=17, two_shapes=0.5, gradient=0.5):
+        rgbs, level = sw.random_palette(spec, rng)
+        assert len(rgbs) == len(spec.objects)
+        assert all(np.linalg.norm(np.subtract(rgb, level)) >= 100 for rgb in rgbs)
+        named, painted = sw.render(spec, antialias=False), sw.render(spec, antialias=False, palette=(rgbs, level))
+        # Same pixels covered by each object, frame by frame; only the colours change
+        for o, rgb in zip(spec.objects, rgbs):
+            assert ((named == sw.COLOURS[o.colour]).all(-1) == (painted == np.rint(rgb)).all(-1)).all()
+        if spec.gradient is None:
+            assert np.all(painted[(named == sw.BACKGROUNDS[spec.background]).all(-1)] == np.rint(level))
+        other = sw.repaint(spec, rng)  # the same clip in named colours no video data uses
+        assert [replace(o, colour="red") for o in other.objects] == [replace(o, colour="red") for o in spec.objects]
+        assert len({o.colour for o in other.objects}) == len(other.objects)
+        assert all(o.colour in sw.PAINT_COLOURS for o in other.objects) and not sw.is_frame_heldout(other)
+        assert sw.parse_prompt(sw.caption(other))["colour"] == other.colour
+        assert ((sw.render(other, antialias=False) == sw.PAINT_COLOURS[other.colour]).all(-1)
+                == (named == sw.COLOURS[spec.colour]).all(-1)).all()
+
 def test_heldout_combinations_never_in_train_and_every_value_is():
     assert len(sw.HELDOUT) == round(0.15 * 3 * 4 * 4 * 3)
     train = sw.sample_specs(1500, 0, two_shapes=0.3, extra_motions=0.2)

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Train wan-shapes and vlm-shapes on a lent CUDA machine (an H200, no network): the same scripts
-# as on a CPU, with bigger batches and more steps. On the 15-minute lease it takes two calls,
-# which is how the committed weights were made:
+# Train wan-shapes on a lent CUDA machine (an H200, no network): the same scripts as on a CPU,
+# with bigger batches and more steps. On the 15-minute lease it takes two calls, which is how
+# the committed weights were made (vlm-shapes trains on the CPU: python -m training.train_vlm):
 #
-#   BUDGET=500 OUT=$OUT bash training/gpu.sh                  # 1: VAE + VLM (~8.5 min)
+#   BUDGET=500 OUT=$OUT bash training/gpu.sh                  # 1: the VAE (~8.5 min)
 #   STAGE=wan FROM=.gpu/wan-shapes THREADS=4 BUDGET=270 OUT=$OUT bash training/gpu.sh
 #                                                             # 2: the transformer on call 1's VAE
 #   SMALL=1 OUT=/tmp/out bash training/gpu.sh                 # a few steps on the CPU: checks this script
 #
-# Call 1: train_vae and train_vlm run together; when the VAE's encoder is final, train_wan
-# starts on its latents beside the VAE's decoder phase, if more than 2 minutes are left (on
-# the H200, beside the VLM, phases 1-3 took ~410 s, so it is not). Each script stops at the
+# Call 1: train_vae; when the VAE's encoder is final, train_wan starts on its latents beside
+# the VAE's decoder phase, if more than 2 minutes are left (on the H200, beside the VLM that
+# this call then also trained, phases 1-3 took ~410 s, so it was not). Each script stops at the
 # run's deadline (BUDGET seconds) and saves what it has; its log then says so. Call 2 carries
 # call 1's wan-shapes folder (unpacked from the tar into an ignored folder such as .gpu/).
-# What comes back under $OUT: env.log, the scripts' logs, wan-shapes.tar and (call 1)
-# vlm-shapes.tar: unpack them over vidserve/weights/. Wheels to carry: benchmarks/gpu_env.sh.
+# What comes back under $OUT: env.log, the scripts' logs and wan-shapes.tar: unpack it over
+# vidserve/weights/. Wheels to carry: benchmarks/gpu_env.sh.
 set -euo pipefail
 
 if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); fi
@@ -34,12 +34,10 @@ if [[ "${SMALL:-0}" == 1 ]]; then
   common=(--device cpu --threads 1)
   vae=(--steps 2 --full-steps 1 1 2 --batches 2 1 1 1 --workers 1)
   wan=(--steps 3 --batch 2 --clips 16 --workers 1)
-  vlm=(--steps 3 --batch 4 --frames 64 --workers 1)
 else
   common=(--device cuda --threads "${THREADS:-2}")  # call 2 ran alone with THREADS=4
   vae=(--steps 400 --full-steps 800 300 1500 --batches 32 32 32 32 --workers 4)
   wan=(--steps 7000 --batch 64 --lr 1e-3 --clips 8000 --workers 8)
-  vlm=(--steps 10000 --batch 64 --frames 100000 --workers 4)
 fi
 
 {
@@ -65,9 +63,6 @@ fi
 "$PYTHON" -m training.train_vae "${common[@]}" "${vae[@]}" --max-seconds "$(left)" --out "$work/wan-shapes" \
   >"$OUT/vae.log" 2>&1 &
 vae_pid=$!
-"$PYTHON" -m training.train_vlm "${common[@]}" "${vlm[@]}" --max-seconds "$(left)" --out "$work/vlm-shapes" \
-  >"$OUT/vlm.log" 2>&1 &
-vlm_pid=$!
 until grep -qs "encoder final" "$OUT/vae.log"; do
   kill -0 "$vae_pid" 2>/dev/null || { echo "train_vae ended before its encoder was final"; tail "$OUT/vae.log"; exit 1; }
   sleep 2
@@ -79,9 +74,7 @@ else
   echo "too little time left for train_wan: run it in a second call (STAGE=wan)" | tee -a "$OUT/env.log"
 fi
 wait "$vae_pid" || status=$?
-wait "$vlm_pid" || status=$?
 tar -C "$work" -cf "$OUT/wan-shapes.tar" wan-shapes
-tar -C "$work" -cf "$OUT/vlm-shapes.tar" vlm-shapes
 echo "training/gpu.sh: done in $((SECONDS - start)) s, exit $status" | tee -a "$OUT/env.log"
 tail -n 3 "$OUT"/*.log
 exit "$status"

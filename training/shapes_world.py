@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,10 @@ SHAPES = ("circle", "square", "triangle")
 # Pure, fully saturated colours with well separated hues, so the scorer can name them by hue.
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "yellow": (255, 220, 0)}
 BACKGROUNDS = {"black": 0, "white": 255, "gray": 128}
+# Colours only vlm-shapes' training frames wear (see repaint); no video data or prompt uses them.
+# Hues 60 degrees or more from every named one, so that no frame's colour is ambiguous.
+PAINT_COLOURS = {"cyan": (0, 255, 255), "magenta": (255, 0, 255)}
+ALL_COLOURS = {**COLOURS, **PAINT_COLOURS}
 MOTIONS = ("left", "right", "up", "down")  # the core motions; HELDOUT is defined over these
 EXTRA_MOTIONS = ("still", "bouncing")
 GRADIENTS = ("vertical", "horizontal")
@@ -70,7 +74,7 @@ class ClipSpec:
     def __post_init__(self):
         object.__setattr__(self, "objects", objs := tuple(self.objects))  # a list would make it unhashable
         ok = (1 <= len(objs) <= 2 and self.background in BACKGROUNDS and self.gradient in (None, *GRADIENTS)
-              and all(o.shape in SHAPES and o.colour in COLOURS and o.motion in MOTIONS + EXTRA_MOTIONS for o in objs)
+              and all(o.shape in SHAPES and o.colour in ALL_COLOURS and o.motion in MOTIONS + EXTRA_MOTIONS for o in objs)
               and len({o.shape for o in objs}) == len({o.colour for o in objs}) == len(objs)
               # Wan takes 4k+1 frames; 17..33 is 1-2 s at 16 fps, enough to see the motion
               and 17 <= self.frames <= 33 and self.frames % 4 == 1)
@@ -94,23 +98,28 @@ def _inside(shape: str, dx: np.ndarray, dy: np.ndarray, r: float) -> np.ndarray:
     return (dy <= r) & (np.abs(dx) <= (dy + r) / 2)  # apex up, base = height = 2r: fills half its box
 
 
-def background(spec: ClipSpec) -> np.ndarray:
+def background(spec: ClipSpec, level: float | None = None) -> np.ndarray:
     """The background alone, float [H, W, 3]. A gradient stays on the near side of the named gray
-    (black 0..48, white 207..255, gray 104..152), so the name is still the nearest gray."""
-    plane = np.full((spec.height, spec.width), float(BACKGROUNDS[spec.background]))
+    (black 0..48, white 207..255, gray 104..152), so the name is still the nearest gray.
+    `level` replaces the named gray (the gradient, if any, is kept within 0..255)."""
+    plane = np.full((spec.height, spec.width), float(BACKGROUNDS[spec.background] if level is None else level))
     if spec.gradient is not None:
         ramp = np.linspace(0, 1, spec.height)[:, None] if spec.gradient == "vertical" else np.linspace(0, 1, spec.width)
-        plane += GRADIENT_SPAN * (ramp - {"black": 0, "white": 1, "gray": 0.5}[spec.background])
+        plane = np.clip(plane + GRADIENT_SPAN * (ramp - {"black": 0, "white": 1, "gray": 0.5}[spec.background]), 0, 255)
     return np.repeat(plane[:, :, None], 3, axis=2)
 
 
-def render(spec: ClipSpec, antialias: bool = True) -> np.ndarray:
-    """uint8 [F, H, W, 3]. Anti-aliasing = 4x4 supersampled coverage, blended toward the pure colour."""
+def render(spec: ClipSpec, antialias: bool = True, palette: tuple | None = None) -> np.ndarray:
+    """uint8 [F, H, W, 3]. Anti-aliasing = 4x4 supersampled coverage, blended toward the pure colour.
+
+    `palette` = (one RGB per object, a background gray) paints the clip in colours outside the
+    vocabulary, the same shapes and motion: data in which shape owes nothing to colour."""
     ss = 4 if antialias else 1
-    out = np.repeat(background(spec)[None], spec.frames, axis=0)
+    rgbs, level = palette or ([ALL_COLOURS[o.colour] for o in spec.objects], None)
+    out = np.repeat(background(spec, level)[None], spec.frames, axis=0)
     offsets = (np.arange(ss) + 0.5) / ss
-    for o in spec.objects:
-        colour = np.array(COLOURS[o.colour], dtype=float)
+    for o, rgb in zip(spec.objects, rgbs, strict=True):
+        colour = np.array(rgb, dtype=float)
         for t, (cx, cy) in enumerate(zip(*o.centres(spec.frames))):
             x0, x1 = int(np.floor(cx - o.size)), int(np.ceil(cx + o.size))  # only the bounding box is sampled
             y0, y1 = int(np.floor(cy - o.size)), int(np.ceil(cy + o.size))
@@ -122,6 +131,25 @@ def render(spec: ClipSpec, antialias: bool = True) -> np.ndarray:
     return np.rint(out).astype(np.uint8)
 
 
+def random_palette(spec: ClipSpec, rng: np.random.Generator) -> tuple[list, float]:
+    """A palette for render: any RGB per object and any gray behind them, each object >= 100 (RGB
+    distance) from the gray so it stays plainly visible."""
+    level = float(rng.uniform(0, 255))
+    rgbs = []
+    while len(rgbs) < len(spec.objects):
+        rgb = rng.uniform(0, 255, 3)
+        if np.linalg.norm(rgb - level) >= 100:
+            rgbs.append(tuple(rgb))
+    return rgbs, level
+
+
+def repaint(spec: ClipSpec, rng: np.random.Generator) -> ClipSpec:
+    """The same clip with its objects in distinct PAINT_COLOURS: in such frames any shape meets
+    any background and colour, so a model can't learn which shapes go with a named colour."""
+    names = rng.permutation(list(PAINT_COLOURS))
+    return replace(spec, objects=tuple(replace(o, colour=str(n)) for o, n in zip(spec.objects, names)))
+
+
 def caption(spec: ClipSpec) -> str:
     verb = {"still": "standing still", "bouncing": "bouncing"}
     parts = [f"a {o.colour} {o.shape} {verb.get(o.motion, 'moving ' + o.motion)}" for o in spec.objects]
@@ -130,7 +158,7 @@ def caption(spec: ClipSpec) -> str:
 
 _SYNONYMS = {"grey": "gray", "disc": "circle", "disk": "circle", "leftward": "left", "rightward": "right",
              "upward": "up", "downward": "down", "stationary": "still", "static": "still", "bounces": "bouncing"}
-_KIND = {**dict.fromkeys(SHAPES, "shape"), **dict.fromkeys(COLOURS, "colour"), **dict.fromkeys(BACKGROUNDS, "background"),
+_KIND = {**dict.fromkeys(SHAPES, "shape"), **dict.fromkeys(ALL_COLOURS, "colour"), **dict.fromkeys(BACKGROUNDS, "background"),
          **dict.fromkeys(MOTIONS + EXTRA_MOTIONS, "motion")}
 
 

@@ -26,7 +26,8 @@ DESCRIBE = ("Describe the image.", "What is in this picture?", "What do you see?
 
 def describe(spec: world.ClipSpec) -> str:
     """What a still frame shows (no motion): "a red circle and a blue square on a gray background"."""
-    return " and ".join(f"a {o.colour} {o.shape}" for o in spec.objects) + f" on a {spec.background} background"
+    objects = [f"{'an' if o.colour[0] in 'aeiou' else 'a'} {o.colour} {o.shape}" for o in spec.objects]
+    return " and ".join(objects) + f" on a {spec.background} background"
 
 
 def questions(spec: world.ClipSpec, rng: np.random.Generator) -> tuple[str, str]:
@@ -51,6 +52,7 @@ def corpus() -> list[str]:
     """Every word the questions and answers use, in their usual contexts: what BPE learns merges from."""
     rng = np.random.default_rng(0)
     specs = world.sample_specs(600, 0, frames=17, two_shapes=0.3)
+    specs += [world.repaint(s, rng) for s in specs[:300]]
     return [text for s in specs for _ in range(3) for text in questions(s, rng)] + list(DESCRIBE)
 
 
