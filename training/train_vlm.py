@@ -4,14 +4,15 @@ Frames (one of each clip, tens of thousands: a vision tower trained from scratch
 thousand memorises them and never learns shape) come from train-split clips whose (shape,
 colour, background) triples are not in shapes_world.FRAME_HELDOUT, so held-out evaluation
 frames show combinations it never saw. Each frame is also rendered in a random palette
-(shapes_world.random_palette): trained on named colours alone, the model learns which shapes
-go with a colour and background and names a held-out triple's shape wrong every time.
+(shapes_world.random_palette) and repainted in colours no video uses (shapes_world.repaint):
+trained on named colours alone, the model learns which shapes go with a colour and
+background and names a held-out triple's shape wrong every time.
 
 Two stages, as LLaVA's: (1) the vision tower alone classifies frames (pretrain_tower), from
 scratch; (2) with the tower frozen, projector and decoder learn to answer: each step asks
 every frame of the batch a fresh question (a caption, a colour, a shape, the background, a
-count; painted frames only their shape) in the chat template the engine uses, the loss on
-the answer and its end token only.
+count; random-palette frames only their shape) in the chat template the engine uses, the
+loss on the answer and its end token only.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from .vlm_shapes import FOLDER, build, pixel_values, questions, user_message
 
 
 def render_frames(job: tuple[int, list, list]) -> np.ndarray:
-    """One random frame of each clip: in its named colours, in a random palette and repainted
-    (the job's second list): uint8 [3, N, H, W, 3], frame and palette chosen by the job's seed."""
+    """One random frame of each clip: in its named colours, in a random palette and as the job's
+    repainted clips show it: uint8 [3, N, H, W, 3], frame and palette chosen by the job's seed.
+    (Each render draws the whole clip for one frame: 83 s of the 18-minute default run.)"""
     seed, specs, repainted = job
     rng = np.random.default_rng(seed)
     frames = []
