@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from PIL import Image
+from safetensors.torch import load_file
 
 from training import common, shapes_world as world
 from training.shapes_score import score_caption
@@ -107,7 +109,16 @@ def test_training_scripts_run_end_to_end(tmp_path):
     frames = generate_video(build_request(spec, Settings(), "a red circle moving left on a black background",
                                           seed=0, steps=2), device="cpu", dtype="float32").frames
     assert frames.shape == (17, 64, 64, 3)
-    _run("training.train_vlm", "--steps", "2", "--batch", "4", "--frames", "40", "--out", str(tmp_path / "vlm"))
+    # --resume starts from the saved transformer (at lr 0 it stays exactly that) and keeps the log
+    trained = load_file(out / "transformer" / "diffusion_pytorch_model.safetensors")
+    _run("training.train_wan", "--resume", "--steps", "1", "--lr", "0", "--batch", "2", "--clips", "8",
+         "--out", str(out))
+    resumed = load_file(out / "transformer" / "diffusion_pytorch_model.safetensors")
+    assert trained.keys() == resumed.keys() and all(torch.equal(trained[k], resumed[k]) for k in trained)
+    record = json.loads((out / "training" / "transformer.json").read_text())
+    assert record["earlier_args"][0]["steps"] == 2 and {"resumed": 1} in record["log"]
+    _run("training.train_vlm", "--steps", "2", "--tower-steps", "2", "--batch", "4", "--frames", "40",
+         "--out", str(tmp_path / "vlm"))
     assert (tmp_path / "vlm" / "model.safetensors").exists() and (tmp_path / "vlm" / "training.json").exists()
 
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Train wan-shapes on a lent CUDA machine (an H200, no network): the same scripts as on a CPU,
 # with bigger batches and more steps. On the 15-minute lease it takes two calls, which is how
-# the committed weights were made (vlm-shapes trains on the CPU: python -m training.train_vlm):
+# the committed weights were made (vlm-shapes trains on the CPU: python -m training.train_vlm);
+# the transformer had not converged, and later calls with RESUME=1 go on training it:
 #
 #   BUDGET=500 OUT=$OUT bash training/gpu.sh                  # 1: the VAE (~8.5 min)
 #   STAGE=wan FROM=.gpu/wan-shapes THREADS=4 BUDGET=270 OUT=$OUT bash training/gpu.sh
 #                                                             # 2: the transformer on call 1's VAE
+#   STAGE=wan RESUME=1 FROM=.gpu/wan-shapes THREADS=4 BUDGET=540 OUT=$OUT bash training/gpu.sh
+#                                                             # 3, 4, ...: more transformer training
 #   SMALL=1 OUT=/tmp/out bash training/gpu.sh                 # a few steps on the CPU: checks this script
 #
 # Call 1: train_vae; when the VAE's encoder is final, train_wan starts on its latents beside
@@ -47,6 +50,7 @@ fi
 } 2>&1 | tee "$OUT/env.log"
 
 cd "$site"
+if [[ "${RESUME:-0}" == 1 ]]; then wan+=(--resume --warmup 100); fi  # FROM's transformer goes on training
 run_wan() {
   "$PYTHON" -m training.train_wan "${common[@]}" "${wan[@]}" --max-seconds "$(left)" --out "$work/wan-shapes" \
     >"$OUT/wan.log" 2>&1

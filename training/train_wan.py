@@ -8,6 +8,8 @@ image-to-video: their first latent frame stays clean with timestep 0 on its toke
 out of the loss, which is how Wan2.2 TI2V conditions on a first frame. One caption in ten
 is dropped to "" for classifier-free guidance. The exponential moving average of the
 weights is what gets saved, as a complete diffusers folder (all but vae/, train_vae.py's).
+--resume goes on from the saved transformer with a fresh schedule, so training can be split
+over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every run.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKLWan
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from vidserve.registry import SERVING_FILE
 
@@ -72,12 +74,21 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=3000)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--ema", type=float, default=0.999)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--resume", action="store_true", help="go on from the transformer saved in --out")
     args = common.parse(parser)
     out, device = Path(args.out), torch.device(args.device)
 
     vae = AutoencoderKLWan.from_pretrained(out / "vae").to(device).eval()
     torch.manual_seed(args.seed)
-    model = build_transformer(args.seed).to(device).train()
+    model = build_transformer(args.seed)
+    log, earlier_args = [], []
+    if args.resume:
+        model.load_state_dict(WanTransformer3DModel.from_pretrained(out / "transformer").state_dict())
+        earlier = json.loads((out / "training" / "transformer.json").read_text())
+        earlier_args = [*earlier.get("earlier_args", []), earlier["args"]]
+        log = [*earlier["log"], {"resumed": len(earlier_args)}]
+    model = model.to(device).train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     pipe = build_pipeline(vae, ema, args.seed).to(device)
     specs = world.sample_specs(args.clips, args.seed + 7, frames=FRAMES, width=SIZE, height=SIZE,
@@ -91,9 +102,10 @@ def main() -> None:
 
     frame_tokens = (latents.shape[3] // 2) * (latents.shape[4] // 2)
     params, ema_params = list(model.parameters()), list(ema.parameters())
-    opt, schedule = common.optimizer(params, args.lr, args.steps, warmup=200, floor=0.1, weight_decay=0.01)
-    gen = torch.Generator().manual_seed(args.seed)  # on the CPU: the same draws on any device
-    log, losses = [], []
+    opt, schedule = common.optimizer(params, args.lr, args.steps, args.warmup, floor=0.1, weight_decay=0.01)
+    # On the CPU: the same draws on any device; a resumed run draws other noise than the runs before it.
+    gen = torch.Generator().manual_seed(args.seed + 1000 * len(earlier_args))
+    losses = []
     for step in range(args.steps):
         if common.stopped_early(args, log, step):
             break
@@ -121,7 +133,8 @@ def main() -> None:
         if (step + 1) % 1000 == 0:
             save(pipe, out)  # the EMA weights, a loadable checkpoint while training goes on
     save(pipe, out)
-    common.write_log(out / "training" / "transformer.json", {"args": vars(args), "log": log})
+    common.write_log(out / "training" / "transformer.json",
+                     {"args": vars(args), **({"earlier_args": earlier_args} if earlier_args else {}), "log": log})
 
 
 if __name__ == "__main__":
