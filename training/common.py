@@ -99,7 +99,16 @@ def prefetch(fn, items, workers: int):
             yield result
 
 
-def write_log(path: Path, record: dict) -> None:
+def earlier_runs(path: Path) -> tuple[list, list]:
+    """(log, args of every run so far) from the log at `path`, for a run that goes on from it."""
+    earlier = json.loads(path.read_text())
+    return earlier["log"], [*earlier.get("earlier_args", []), earlier["args"]]
+
+
+def write_log(path: Path, record: dict, earlier_args: list = ()) -> None:
+    """The run's record (its args without the start time), with the args of the runs it went on from."""
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**record, "args": {k: v for k, v in record.get("args", {}).items() if k != "started"}}
+    if earlier_args:
+        record["earlier_args"] = list(earlier_args)
     path.write_text(json.dumps(record, indent=1) + "\n")

@@ -12,12 +12,11 @@ squares and triangles. The loss is L1 + MSE with shape pixels weighted up. At th
 held-out clips are reconstructed and scored.
 
 On a GPU (`--device cuda`) give it bigger batches (`--batches`) and `--workers` to render
-clips ahead of the step; benchmarks/gpu_train.sh is that run.
+clips ahead of the step; training/gpu.sh is that run.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -86,11 +85,10 @@ def main() -> None:
     torch.manual_seed(args.seed)
     if args.decoder_only:
         vae = AutoencoderKLWan.from_pretrained(f"{args.out}/vae").to(args.device).train()
-        earlier = json.loads((Path(args.out) / "training" / "vae.json").read_text())
-        log = earlier["log"]
+        log, earlier_args = common.earlier_runs(Path(args.out) / "training" / "vae.json")
         train(vae, args, args.full_steps[2], args.batches[3], FRAMES, False, 5e-4, args.seed + 4, log,
               decoder_only=True)
-        finish(vae, args, log, earlier_args=[*earlier.get("earlier_args", []), earlier["args"]])
+        finish(vae, args, log, earlier_args)
         return
     vae = build_vae(args.seed).to(args.device).train()
     log: list = []
@@ -121,7 +119,7 @@ def set_latent_stats(vae, args) -> None:
     vae.train()
 
 
-def finish(vae, args, log: list, earlier_args: list | None = None) -> None:
+def finish(vae, args, log: list, earlier_args: list = ()) -> None:
     vae.eval()
     with torch.no_grad():
         held = world.sample_specs(50, 1234, split="heldout", frames=FRAMES, width=SIZE, height=SIZE)
@@ -138,9 +136,8 @@ def finish(vae, args, log: list, earlier_args: list | None = None) -> None:
     print("reconstruction of held-out clips:", evaluation)
     vae.to("cpu").save_pretrained(f"{args.out}/vae", safe_serialization=True)
     common.write_log(Path(args.out) / "training" / "vae.json",
-              {"args": vars(args), **({"earlier_args": earlier_args} if earlier_args else {}),
-               "log": log, "evaluation": evaluation,
-               "latents_mean": vae.config.latents_mean, "latents_std": vae.config.latents_std})
+              {"args": vars(args), "log": log, "evaluation": evaluation,
+               "latents_mean": vae.config.latents_mean, "latents_std": vae.config.latents_std}, earlier_args)
 
 
 if __name__ == "__main__":

@@ -81,13 +81,13 @@ def main() -> None:
 
     vae = AutoencoderKLWan.from_pretrained(out / "vae").to(device).eval()
     torch.manual_seed(args.seed)
-    model = build_transformer(args.seed)
     log, earlier_args = [], []
     if args.resume:
-        model.load_state_dict(WanTransformer3DModel.from_pretrained(out / "transformer").state_dict())
-        earlier = json.loads((out / "training" / "transformer.json").read_text())
-        earlier_args = [*earlier.get("earlier_args", []), earlier["args"]]
-        log = [*earlier["log"], {"resumed": len(earlier_args)}]
+        model = WanTransformer3DModel.from_pretrained(out / "transformer")
+        log, earlier_args = common.earlier_runs(out / "training" / "transformer.json")
+        log.append({"resumed": len(earlier_args)})
+    else:
+        model = build_transformer(args.seed)
     model = model.to(device).train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     pipe = build_pipeline(vae, ema, args.seed).to(device)
@@ -133,8 +133,7 @@ def main() -> None:
         if (step + 1) % 1000 == 0:
             save(pipe, out)  # the EMA weights, a loadable checkpoint while training goes on
     save(pipe, out)
-    common.write_log(out / "training" / "transformer.json",
-                     {"args": vars(args), **({"earlier_args": earlier_args} if earlier_args else {}), "log": log})
+    common.write_log(out / "training" / "transformer.json", {"args": vars(args), "log": log}, earlier_args)
 
 
 if __name__ == "__main__":
