@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from safetensors.torch import load_file
 
-from training import common, shapes_world as world
+from training import common, shapes_world as world, train_wan
 from training.shapes_score import score_caption
 from training.vlm_shapes import build as build_vlm, pixel_values
 from vidserve.api.app import create_app
@@ -112,7 +112,7 @@ def test_training_scripts_run_end_to_end(tmp_path):
     # --resume starts from the saved transformer (at lr 0 it stays exactly that) and keeps the log
     trained = load_file(out / "transformer" / "diffusion_pytorch_model.safetensors")
     _run("training.train_wan", "--resume", "--steps", "1", "--lr", "0", "--batch", "2", "--clips", "8",
-         "--out", str(out))
+         "--object-weight", "5", "--mid-sigma", "0.5", "--out", str(out))
     resumed = load_file(out / "transformer" / "diffusion_pytorch_model.safetensors")
     assert trained.keys() == resumed.keys() and all(torch.equal(trained[k], resumed[k]) for k in trained)
     record = json.loads((out / "training" / "transformer.json").read_text())
@@ -120,6 +120,24 @@ def test_training_scripts_run_end_to_end(tmp_path):
     _run("training.train_vlm", "--steps", "2", "--tower-steps", "2", "--batch", "4", "--frames", "40",
          "--out", str(tmp_path / "vlm"))
     assert (tmp_path / "vlm" / "model.safetensors").exists() and (tmp_path / "vlm" / "training.json").exists()
+
+
+def test_shape_cells_follow_the_shape_through_the_latent_grid():
+    """train_wan weighs the latent cells a shape touches: the first latent frame is frame 0 alone,
+    each later one 4 frames; a cell is 4x4 pixels. The cell under the shape's centre is always set,
+    cells well clear of the shape's path never are."""
+    specs = world.sample_specs(6, 5, frames=17, two_shapes=0)
+    clips, cells = train_wan.render(specs)
+    assert clips.shape == (6, 17, 64, 64, 3) and cells.shape == (6, 5, 16, 16) and cells.dtype == bool
+    ys, xs = np.mgrid[0:16, 0:16] * 4 + 2.0  # cell centres, px
+    for spec, clip_cells in zip(specs, cells):
+        shape = spec.objects[0]
+        cx, cy = shape.centres(17)
+        for latent, frames in enumerate([[0]] + [list(range(4 * k - 3, 4 * k + 1)) for k in range(1, 5)]):
+            assert clip_cells[latent, int(cy[frames[-1]]) // 4, int(cx[frames[-1]]) // 4]
+            near = np.min([np.hypot(xs - cx[f], ys - cy[f]) for f in frames], axis=0)
+            assert not clip_cells[latent][near > shape.size * 1.5 + 4].any()
+        assert 0.005 < clip_cells.mean() < 0.2
 
 
 def test_training_pixels_are_what_the_served_processor_makes():

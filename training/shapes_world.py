@@ -131,6 +131,11 @@ def render(spec: ClipSpec, antialias: bool = True, palette: tuple | None = None)
     return np.rint(out).astype(np.uint8)
 
 
+def shape_pixels(spec: ClipSpec, clip: np.ndarray) -> np.ndarray:
+    """bool [F, H, W]: the pixels a shape covers (anti-aliased edges included) in a render of spec."""
+    return np.abs(clip.astype(np.int16) - background(spec)[None]).max(-1) > 8
+
+
 def random_palette(spec: ClipSpec, rng: np.random.Generator) -> tuple[list, float]:
     """A palette for render: any RGB per object and any gray behind them, each object >= 100 (RGB
     distance) from the gray so it stays plainly visible."""

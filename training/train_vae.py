@@ -41,7 +41,7 @@ def batch(job: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     for spec in specs:
         start = int(rng.integers(0, FRAMES - window + 1))
         clip = world.render(spec)[start:start + window]
-        masks.append(np.abs(clip.astype(np.int16) - world.background(spec)[None]).max(-1) > 8)
+        masks.append(world.shape_pixels(spec, clip))
         clips.append(clip)
     return np.stack(clips), np.stack(masks)
 

@@ -6,8 +6,12 @@ prompts. Each step noises the latents to sigma (uniform, then shifted as the sam
 flow_shift shifts it) and regresses the velocity noise - latents. Half the samples are
 image-to-video: their first latent frame stays clean with timestep 0 on its tokens and
 out of the loss, which is how Wan2.2 TI2V conditions on a first frame. One caption in ten
-is dropped to "" for classifier-free guidance. The exponential moving average of the
-weights is what gets saved, as a complete diffusers folder (all but vae/, train_vae.py's).
+is dropped to "" for classifier-free guidance. Two options aim the loss at shape, which a
+model trained this way draws as a blob for want of signal (benchmarks/RESULTS.md): a shape
+covers ~5% of a frame, so --object-weight weighs the latent cells it touches up, and shape
+is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the samples there. The
+exponential moving average of the weights is what gets saved, as a complete diffusers
+folder (all but vae/, train_vae.py's).
 --resume goes on from the saved transformer with a fresh schedule, so training can be split
 over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every run.
 """
@@ -32,16 +36,26 @@ from .wan_shapes import (FLOW_SHIFT, FOLDER, FRAMES, SIZE, TEXT_TOKENS, build_pi
                          latent_stats, to_tensor)
 
 
-def render(specs: list) -> np.ndarray:
-    return np.stack([world.render(s) for s in specs])
+def render(specs: list) -> tuple[np.ndarray, np.ndarray]:
+    """(clips uint8 [B, F, H, W, 3], bool [B, F', H/4, W/4]: the latent cells a shape touches).
+    A latent cell covers 4x4 pixels of one frame (the first) or of 4 frames (the rest), as the VAE's strides do."""
+    clips = np.stack([world.render(s) for s in specs])
+    pixels = np.stack([world.shape_pixels(s, c) for s, c in zip(specs, clips)])
+    b, f, h, w = pixels.shape
+    frames = np.concatenate([pixels[:, :1], pixels[:, 1:].reshape(b, (f - 1) // 4, 4, h, w).max(2)], axis=1)
+    return clips, frames.reshape(b, -1, h // 4, 4, w // 4, 4).max((3, 5))
 
 
 @torch.no_grad()
-def encode_clips(vae: AutoencoderKLWan, specs: list, workers: int = 0, batch: int = 16) -> torch.Tensor:
+def encode_clips(vae: AutoencoderKLWan, specs: list, workers: int = 0, batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(normalised latents [N, C, F', H/4, W/4], shape cells bool [N, 1, F', H/4, W/4])."""
     mean, std = (t.to(vae.device) for t in latent_stats(vae))
     chunks = (specs[i:i + batch] for i in range(0, len(specs), batch))
-    return torch.cat([(vae.encode(to_tensor(clips).to(vae.device)).latent_dist.mode() - mean) / std
-                      for clips in common.prefetch(render, chunks, workers)])
+    latents, cells = [], []
+    for clips, shape_cells in common.prefetch(render, chunks, workers):
+        latents.append((vae.encode(to_tensor(clips).to(vae.device)).latent_dist.mode() - mean) / std)
+        cells.append(torch.from_numpy(shape_cells)[:, None])
+    return torch.cat(latents), torch.cat(cells)
 
 
 @torch.no_grad()
@@ -75,6 +89,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--ema", type=float, default=0.999)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--object-weight", type=float, default=1.0,
+                        help="loss weight of the latent cells a shape touches (the rest weigh 1)")
+    parser.add_argument("--mid-sigma", type=float, default=0.0,
+                        help="share of samples with sigma uniform in [0.25, 0.65], where shape is decided")
     parser.add_argument("--resume", action="store_true", help="go on from the transformer saved in --out")
     args = common.parse(parser)
     out, device = Path(args.out), torch.device(args.device)
@@ -96,7 +114,7 @@ def main() -> None:
     captions = [world.caption(s) for s in specs]
     rows, text = encode_captions(pipe, captions)
     caption_of = torch.tensor([rows[c] for c in captions])
-    latents = encode_clips(vae, specs, args.workers)
+    latents, shape_cells = encode_clips(vae, specs, args.workers)
     print(f"encoded {len(specs)} clips {tuple(latents.shape[1:])} and {len(rows)} captions "
           f"in {time.time() - args.started:.0f} s", flush=True)
 
@@ -113,13 +131,17 @@ def main() -> None:
         x0 = latents[idx.to(device)]
         noise = torch.randn(x0.shape, generator=gen).to(device)
         u = torch.rand(args.batch, generator=gen)
-        sigma = (FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)).to(device)
+        sigma = FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
+        if args.mid_sigma:  # drawn only when asked, so the default recipe's draws stay what they were
+            mid = torch.rand(args.batch, generator=gen) < args.mid_sigma
+            sigma = torch.where(mid, 0.25 + 0.4 * torch.rand(args.batch, generator=gen), sigma)
+        sigma = sigma.to(device)
         xt = (1 - sigma.view(-1, 1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1, 1) * noise
         with_image = (torch.rand(args.batch, generator=gen) < 0.5).to(device)
         xt[with_image, :, 0] = x0[with_image, :, 0]
         timestep = (sigma * 1000).view(-1, 1).repeat(1, x0.shape[2] * frame_tokens)
         timestep[with_image, :frame_tokens] = 0
-        weight = torch.ones_like(x0[:, :1])
+        weight = 1 + (args.object_weight - 1) * shape_cells[idx].to(device, x0.dtype)
         weight[with_image, :, 0] = 0
         drop = torch.rand(args.batch, generator=gen) < 0.1
         context = text[torch.where(drop, 0, caption_of[idx]).to(device)]
