@@ -11,6 +11,7 @@ import json
 import math
 import multiprocessing
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -105,7 +106,7 @@ def earlier_runs(path: Path) -> tuple[list, list]:
     return earlier["log"], [*earlier.get("earlier_args", []), earlier["args"]]
 
 
-def write_log(path: Path, record: dict, earlier_args: list = ()) -> None:
+def write_log(path: Path, record: dict, earlier_args: Sequence = ()) -> None:
     """The run's record (its args without the start time), with the args of the runs it went on from."""
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**record, "args": {k: v for k, v in record.get("args", {}).items() if k != "started"}}

@@ -18,6 +18,7 @@ clips ahead of the step; training/gpu.sh is that run.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +120,7 @@ def set_latent_stats(vae, args) -> None:
     vae.train()
 
 
-def finish(vae, args, log: list, earlier_args: list = ()) -> None:
+def finish(vae, args, log: list, earlier_args: Sequence = ()) -> None:
     vae.eval()
     with torch.no_grad():
         held = world.sample_specs(50, 1234, split="heldout", frames=FRAMES, width=SIZE, height=SIZE)
@@ -136,8 +137,9 @@ def finish(vae, args, log: list, earlier_args: list = ()) -> None:
     print("reconstruction of held-out clips:", evaluation)
     vae.to("cpu").save_pretrained(f"{args.out}/vae", safe_serialization=True)
     common.write_log(Path(args.out) / "training" / "vae.json",
-              {"args": vars(args), "log": log, "evaluation": evaluation,
-               "latents_mean": vae.config.latents_mean, "latents_std": vae.config.latents_std}, earlier_args)
+                     {"args": vars(args), "log": log, "evaluation": evaluation,
+                      "latents_mean": vae.config.latents_mean, "latents_std": vae.config.latents_std},
+                     earlier_args)
 
 
 if __name__ == "__main__":

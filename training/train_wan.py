@@ -38,7 +38,8 @@ from .wan_shapes import (FLOW_SHIFT, FOLDER, FRAMES, SIZE, TEXT_TOKENS, build_pi
 
 def render(specs: list) -> tuple[np.ndarray, np.ndarray]:
     """(clips uint8 [B, F, H, W, 3], bool [B, F', H/4, W/4]: the latent cells a shape touches).
-    A latent cell covers 4x4 pixels of one frame (the first) or of 4 frames (the rest), as the VAE's strides do."""
+    A latent cell covers 4x4 pixels of one frame (the first) or of 4 frames (the rest), as the
+    VAE's strides do."""
     clips = np.stack([world.render(s) for s in specs])
     pixels = np.stack([world.shape_pixels(s, c) for s, c in zip(specs, clips)])
     b, f, h, w = pixels.shape
@@ -47,14 +48,16 @@ def render(specs: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 @torch.no_grad()
-def encode_clips(vae: AutoencoderKLWan, specs: list, workers: int = 0, batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """(normalised latents [N, C, F', H/4, W/4], shape cells bool [N, 1, F', H/4, W/4])."""
+def encode_clips(vae: AutoencoderKLWan, specs: list, workers: int = 0,
+                 batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(normalised latents [N, C, F', H/4, W/4], shape cells bool [N, 1, F', H/4, W/4]), both on
+    the VAE's device, where the training steps index them."""
     mean, std = (t.to(vae.device) for t in latent_stats(vae))
     chunks = (specs[i:i + batch] for i in range(0, len(specs), batch))
     latents, cells = [], []
     for clips, shape_cells in common.prefetch(render, chunks, workers):
         latents.append((vae.encode(to_tensor(clips).to(vae.device)).latent_dist.mode() - mean) / std)
-        cells.append(torch.from_numpy(shape_cells)[:, None])
+        cells.append(torch.from_numpy(shape_cells)[:, None].to(vae.device))
     return torch.cat(latents), torch.cat(cells)
 
 
@@ -128,7 +131,7 @@ def main() -> None:
         if common.stopped_early(args, log, step):
             break
         idx = torch.randint(len(specs), (args.batch,), generator=gen)
-        x0 = latents[idx.to(device)]
+        x0, cells = latents[idx.to(device)], shape_cells[idx.to(device)]
         noise = torch.randn(x0.shape, generator=gen).to(device)
         u = torch.rand(args.batch, generator=gen)
         sigma = FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
@@ -141,7 +144,7 @@ def main() -> None:
         xt[with_image, :, 0] = x0[with_image, :, 0]
         timestep = (sigma * 1000).view(-1, 1).repeat(1, x0.shape[2] * frame_tokens)
         timestep[with_image, :frame_tokens] = 0
-        weight = 1 + (args.object_weight - 1) * shape_cells[idx].to(device, x0.dtype)
+        weight = 1 + (args.object_weight - 1) * cells.to(x0.dtype)
         weight[with_image, :, 0] = 0
         drop = torch.rand(args.batch, generator=gen) < 0.1
         context = text[torch.where(drop, 0, caption_of[idx]).to(device)]
