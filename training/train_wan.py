@@ -131,7 +131,8 @@ def main() -> None:
         if common.stopped_early(args, log, step):
             break
         idx = torch.randint(len(specs), (args.batch,), generator=gen)
-        x0, cells = latents[idx.to(device)], shape_cells[idx.to(device)]
+        picked = idx.to(device)
+        x0, cells = latents[picked], shape_cells[picked]
         noise = torch.randn(x0.shape, generator=gen).to(device)
         u = torch.rand(args.batch, generator=gen)
         sigma = FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
