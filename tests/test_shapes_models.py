@@ -112,7 +112,7 @@ def test_training_scripts_run_end_to_end(tmp_path):
     # --resume starts from the saved transformer (at lr 0 it stays exactly that) and keeps the log
     trained = load_file(out / "transformer" / "diffusion_pytorch_model.safetensors")
     _run("training.train_wan", "--resume", "--steps", "1", "--lr", "0", "--batch", "2", "--clips", "8",
-         "--object-weight", "5", "--mid-sigma", "0.5", "--out", str(out))
+         "--object-weight", "5", "--mid-sigma", "0.5", "--image-share", "0.2", "--out", str(out))
     resumed = load_file(out / "transformer" / "diffusion_pytorch_model.safetensors")
     assert trained.keys() == resumed.keys() and all(torch.equal(trained[k], resumed[k]) for k in trained)
     record = json.loads((out / "training" / "transformer.json").read_text())

@@ -9,7 +9,8 @@
 #                                                             # 2: the transformer on call 1's VAE
 #   STAGE=wan RESUME=1 FROM=.gpu/wan-shapes THREADS=4 BUDGET=540 OUT=$OUT bash training/gpu.sh
 #                                                             # 3, 4, ...: more transformer training,
-#                                                             # shape cells weighted 5x, half at mid sigma
+#                                                             # shape cells weighted 5x, half at mid sigma,
+#                                                             # four in five samples text-to-video
 #   SMALL=1 OUT=/tmp/out bash training/gpu.sh                 # a few steps on the CPU: checks this script
 #
 # Call 1: train_vae; when the VAE's encoder is final, train_wan starts on its latents beside
@@ -51,8 +52,8 @@ fi
 } 2>&1 | tee "$OUT/env.log"
 
 cd "$site"
-# FROM's transformer goes on training, with the loss aimed at shape (step 5 of the model card)
-if [[ "${RESUME:-0}" == 1 ]]; then wan+=(--resume --warmup 100 --object-weight 5 --mid-sigma 0.5); fi
+# FROM's transformer goes on training, with the loss aimed at shape (step 7 of the model card)
+if [[ "${RESUME:-0}" == 1 ]]; then wan+=(--resume --warmup 100 --object-weight 5 --mid-sigma 0.5 --image-share 0.2); fi
 run_wan() {
   "$PYTHON" -m training.train_wan "${common[@]}" "${wan[@]}" --max-seconds "$(left)" --out "$work/wan-shapes" \
     >"$OUT/wan.log" 2>&1

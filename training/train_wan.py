@@ -9,7 +9,8 @@ out of the loss, which is how Wan2.2 TI2V conditions on a first frame. One capti
 is dropped to "" for classifier-free guidance. Two options aim the loss at shape, which a
 model trained this way draws as a blob for want of signal (benchmarks/RESULTS.md): a shape
 covers ~5% of a frame, so --object-weight weighs the latent cells it touches up, and shape
-is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the samples there. The
+is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the samples there; a text-to-video
+model draws its first frame too, which --image-share below 0.5 trains more. The
 exponential moving average of the weights is what gets saved, as a complete diffusers
 folder (all but vae/, train_vae.py's).
 --resume goes on from the saved transformer with a fresh schedule, so training can be split
@@ -96,6 +97,8 @@ def main() -> None:
                         help="loss weight of the latent cells a shape touches (the rest weigh 1)")
     parser.add_argument("--mid-sigma", type=float, default=0.0,
                         help="share of samples with sigma uniform in [0.25, 0.65], where shape is decided")
+    parser.add_argument("--image-share", type=float, default=0.5,
+                        help="share of image-to-video samples (first latent frame given clean)")
     parser.add_argument("--resume", action="store_true", help="go on from the transformer saved in --out")
     args = common.parse(parser)
     out, device = Path(args.out), torch.device(args.device)
@@ -141,7 +144,7 @@ def main() -> None:
             sigma = torch.where(mid, 0.25 + 0.4 * torch.rand(args.batch, generator=gen), sigma)
         sigma = sigma.to(device)
         xt = (1 - sigma.view(-1, 1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1, 1) * noise
-        with_image = (torch.rand(args.batch, generator=gen) < 0.5).to(device)
+        with_image = (torch.rand(args.batch, generator=gen) < args.image_share).to(device)
         xt[with_image, :, 0] = x0[with_image, :, 0]
         timestep = (sigma * 1000).view(-1, 1).repeat(1, x0.shape[2] * frame_tokens)
         timestep[with_image, :frame_tokens] = 0
