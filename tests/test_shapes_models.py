@@ -117,6 +117,7 @@ def test_training_scripts_run_end_to_end(tmp_path):
     assert trained.keys() == resumed.keys() and all(torch.equal(trained[k], resumed[k]) for k in trained)
     record = json.loads((out / "training" / "transformer.json").read_text())
     assert record["earlier_args"][0]["steps"] == 2 and {"resumed": 1} in record["log"]
+    assert record["args"]["image_share"] == 0.2 and record["earlier_args"][0]["image_share"] == 0.5
     _run("training.train_vlm", "--steps", "2", "--tower-steps", "2", "--batch", "4", "--frames", "40",
          "--out", str(tmp_path / "vlm"))
     assert (tmp_path / "vlm" / "model.safetensors").exists() and (tmp_path / "vlm" / "training.json").exists()

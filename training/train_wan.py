@@ -3,14 +3,15 @@
 Train-split clips are rendered and encoded once (the VAE's mode, normalised by its latent
 statistics); captions go through the frozen text encoder exactly as the pipeline encodes
 prompts. Each step noises the latents to sigma (uniform, then shifted as the sampler's
-flow_shift shifts it) and regresses the velocity noise - latents. Half the samples are
-image-to-video: their first latent frame stays clean with timestep 0 on its tokens and
-out of the loss, which is how Wan2.2 TI2V conditions on a first frame. One caption in ten
-is dropped to "" for classifier-free guidance. Two options aim the loss at shape, which a
-model trained this way draws as a blob for want of signal (benchmarks/RESULTS.md): a shape
-covers ~5% of a frame, so --object-weight weighs the latent cells it touches up, and shape
-is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the samples there; a text-to-video
-model draws its first frame too, which --image-share below 0.5 trains more. The
+flow_shift shifts it) and regresses the velocity noise - latents. A share of the samples
+(--image-share, half by default) are image-to-video: their first latent frame stays clean
+with timestep 0 on its tokens and out of the loss, which is how Wan2.2 TI2V conditions on a
+first frame. One caption in ten is dropped to "" for classifier-free guidance. Three options
+aim the loss at shape, which a model trained this way draws as a blob for want of signal
+(benchmarks/RESULTS.md): a shape covers ~5% of a frame, so --object-weight weighs the latent
+cells it touches up; shape is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the
+samples there; and text-to-video draws its own first frame, which an --image-share below 0.5
+puts in the loss of more samples. The
 exponential moving average of the weights is what gets saved, as a complete diffusers
 folder (all but vae/, train_vae.py's).
 --resume goes on from the saved transformer with a fresh schedule, so training can be split
