@@ -1,6 +1,6 @@
 """Prompt adherence of the trained shapes-world models (issue 9), scored without a learned judge.
 
-    python benchmarks/shapes_eval.py            # everything, ~15 min on 2 CPU cores
+    python benchmarks/shapes_eval.py            # everything, 6-15 min on 2 CPU cores
     python benchmarks/shapes_eval.py --only t2v,vlm --prompts 20
 
 Every clip is graded by training/shapes_score.py (background plane, hue vote, fill/asymmetry
@@ -12,7 +12,7 @@ FRAME_HELDOUT for frames). Sections:
 - t2v: text-to-video on held-out prompts, per attribute, and shape per shape asked for.
 - i2v: the first frame of a held-out clip plus its prompt: does the clip keep shape and colour?
 - vae: the same held-out clips through wan-shapes' VAE and back. Every generated clip leaves
-  through this decoder, so its figures are the most that t2v and i2v can reach.
+  through this decoder, so its figures are a practical ceiling for t2v and i2v.
 - chain: 5-chunk videos (each chunk continues from the last frame of the one before, the
   direction reversing every chunk so the shape stays in frame), with and without drift
   correction: adherence and drift per chunk.
@@ -222,7 +222,7 @@ def main() -> None:
                     ("colour+shape", *cols)))
     if "vae" in sections:
         results["vae"] = run_vae(specs)
-        print(table("the same held-out clips through the VAE and back: the ceiling of t2v and i2v",
+        print(table("the same held-out clips through the VAE and back: a ceiling for t2v and i2v",
                     {"wan-shapes VAE": results["vae"]}, cols))
     kinds = {name: results[name]["shape_by_kind"] for name in ("t2v", "i2v", "vae") if name in results}
     if kinds:
