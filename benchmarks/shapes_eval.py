@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # training/ is not
 
 from training import shapes_world as world  # noqa: E402
 from training.shapes_score import score, score_caption  # noqa: E402
-from training.wan_shapes import to_tensor  # noqa: E402
+from training.wan_shapes import to_clips, to_tensor  # noqa: E402
 from vidserve.config import Settings  # noqa: E402
 from vidserve.pipelines.chain import generate_video  # noqa: E402
 from vidserve.registry import resolve  # noqa: E402
@@ -117,9 +117,8 @@ def run_vae(specs: list) -> dict:
     vae = AutoencoderKLWan.from_pretrained(Path(resolve(MODEL).source) / "vae").eval()
     scores = []
     for spec in specs:
-        clip = world.render(spec)
-        out = vae.decode(vae.encode(to_tensor([clip])).latent_dist.mode()).sample[0].clamp(-1, 1)
-        scores.append(score(((out.permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy(), world.caption(spec)))
+        latents = vae.encode(to_tensor([world.render(spec)])).latent_dist.mode()
+        scores.append(score(to_clips(vae.decode(latents).sample)[0], world.caption(spec)))
     return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs)}
 
 

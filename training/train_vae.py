@@ -27,7 +27,7 @@ from diffusers import AutoencoderKLWan
 
 from . import common, shapes_world as world
 from .shapes_score import score
-from .wan_shapes import FOLDER, FRAMES, SIZE, build_vae, to_tensor
+from .wan_shapes import FOLDER, FRAMES, SIZE, build_vae, to_clips, to_tensor
 
 WINDOW = 9
 
@@ -130,7 +130,7 @@ def finish(vae, args, log: list, earlier_args: Sequence = ()) -> None:
             x = to_tensor(truth[i:i + 10]).to(args.device)
             out = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
             psnr += (10 * torch.log10(4 / (out - x).square().mean(dim=(1, 2, 3, 4)))).tolist()
-            recs += list(((out.permute(0, 2, 3, 4, 1) + 1) * 127.5).round().byte().cpu().numpy())
+            recs += list(to_clips(out))
         scores = [score(r, world.caption(s)) for r, s in zip(recs, held)]
     evaluation = {"heldout_clips": len(held), "psnr_db": round(float(np.mean(psnr)), 2),
                   **{k: round(float(np.mean([s[k] for s in scores])), 3) for k in ("colour", "shape", "motion", "all")}}

@@ -11,9 +11,8 @@ aim the loss at shape, which a model trained this way draws as a blob for want o
 (benchmarks/RESULTS.md): a shape covers ~5% of a frame, so --object-weight weighs the latent
 cells it touches up; shape is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the
 samples there; and text-to-video draws its own first frame, which an --image-share below 0.5
-puts in the loss of more samples. The
-exponential moving average of the weights is what gets saved, as a complete diffusers
-folder (all but vae/, train_vae.py's).
+puts in the loss of more samples. The exponential moving average of the weights is what gets
+saved, as a complete diffusers folder (all but vae/, train_vae.py's).
 --resume goes on from the saved transformer with a fresh schedule, so training can be split
 over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every run.
 """

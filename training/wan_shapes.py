@@ -86,6 +86,11 @@ def to_tensor(clips: np.ndarray | list) -> torch.Tensor:
     return x.permute(0, 4, 1, 2, 3) / 127.5 - 1.0
 
 
+def to_clips(x: torch.Tensor) -> np.ndarray:
+    """The VAE's output, float [B, 3, F, H, W] in [-1, 1] -> uint8 [B, F, H, W, 3]: to_tensor undone."""
+    return ((x.clamp(-1, 1).permute(0, 2, 3, 4, 1) + 1) * 127.5).round().byte().cpu().numpy()
+
+
 def latent_stats(vae: AutoencoderKLWan) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, std) [1, C, 1, 1, 1] the pipelines normalise latents with, from the VAE's config."""
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
