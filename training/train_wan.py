@@ -13,8 +13,10 @@ cells it touches up; shape is decided at sigma 0.3-0.6, so --mid-sigma sends a s
 samples there; and text-to-video draws its own first frame, which an --image-share below 0.5
 puts in the loss of more samples. The exponential moving average of the weights is what gets
 saved, as a complete diffusers folder (all but vae/, train_vae.py's).
---resume goes on from the saved transformer with a fresh schedule, so training can be split
-over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every run.
+--resume goes on from the saved transformer and text encoder with a fresh schedule, so training
+can be split over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every
+run. --seed picks the clips (a new seed, clips not seen before) and, without --resume, the
+frozen text encoder and the transformer's initialisation.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from transformers import UMT5EncoderModel
 
 from vidserve.registry import SERVING_FILE
 
@@ -105,16 +108,17 @@ def main() -> None:
 
     vae = AutoencoderKLWan.from_pretrained(out / "vae").to(device).eval()
     torch.manual_seed(args.seed)
-    log, earlier_args = [], []
+    log, earlier_args, text_encoder = [], [], None
     if args.resume:
         model = WanTransformer3DModel.from_pretrained(out / "transformer")
+        text_encoder = UMT5EncoderModel.from_pretrained(out / "text_encoder").eval()
         log, earlier_args = common.earlier_runs(out / "training" / "transformer.json")
         log.append({"resumed": len(earlier_args)})
     else:
         model = build_transformer(args.seed)
     model = model.to(device).train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
-    pipe = build_pipeline(vae, ema, args.seed).to(device)
+    pipe = build_pipeline(vae, ema, args.seed, text_encoder).to(device)
     specs = world.sample_specs(args.clips, args.seed + 7, frames=FRAMES, width=SIZE, height=SIZE,
                                two_shapes=0.15, gradient=0.2, extra_motions=0.15)
     captions = [world.caption(s) for s in specs]

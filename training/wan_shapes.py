@@ -74,10 +74,13 @@ def build_scheduler() -> UniPCMultistepScheduler:
                                    flow_shift=FLOW_SHIFT)
 
 
-def build_pipeline(vae: AutoencoderKLWan, transformer: WanTransformer3DModel, seed: int) -> WanPipeline:
+def build_pipeline(vae: AutoencoderKLWan, transformer: WanTransformer3DModel, seed: int,
+                   text_encoder: UMT5EncoderModel | None = None) -> WanPipeline:
+    """The pipeline training saves; its text encoder is drawn from `seed` unless one is given
+    (a resumed run must keep the encoder its transformer learned to read)."""
     tokenizer = build_text_tokenizer()
-    return WanPipeline(tokenizer=tokenizer, text_encoder=build_text_encoder(len(tokenizer), seed), vae=vae,
-                       transformer=transformer, scheduler=build_scheduler(), expand_timesteps=True)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder or build_text_encoder(len(tokenizer), seed),
+                       vae=vae, transformer=transformer, scheduler=build_scheduler(), expand_timesteps=True)
 
 
 def to_tensor(clips: np.ndarray | list) -> torch.Tensor:
