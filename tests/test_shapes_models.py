@@ -111,14 +111,14 @@ def test_training_scripts_run_end_to_end(tmp_path):
     assert frames.shape == (17, 64, 64, 3)
     # --resume starts from the saved transformer (at lr 0 it stays exactly that) and text encoder
     # (a new --seed draws new clips, not a new encoder), and keeps the log
-    saved = {part: load_file(out / part / file) for part, file in
-             (("transformer", "diffusion_pytorch_model.safetensors"), ("text_encoder", "model.safetensors"))}
+    kept = ("transformer/diffusion_pytorch_model.safetensors", "text_encoder/model.safetensors")
+    saved = {path: load_file(out / path) for path in kept}
     _run("training.train_wan", "--resume", "--seed", "1", "--steps", "1", "--lr", "0", "--batch", "2", "--clips", "8",
          "--object-weight", "5", "--mid-sigma", "0.5", "--image-share", "0.2", "--out", str(out))
-    for part, file in (("transformer", "diffusion_pytorch_model.safetensors"), ("text_encoder", "model.safetensors")):
-        resumed = load_file(out / part / file)
-        assert saved[part].keys() == resumed.keys(), part
-        assert all(torch.equal(saved[part][k], resumed[k]) for k in resumed), part
+    for path in kept:
+        resumed = load_file(out / path)
+        assert saved[path].keys() == resumed.keys(), path
+        assert all(torch.equal(saved[path][k], resumed[k]) for k in resumed), path
     record = json.loads((out / "training" / "transformer.json").read_text())
     assert record["earlier_args"][0]["steps"] == 2 and {"resumed": 1} in record["log"]
     assert record["args"]["image_share"] == 0.2 and record["earlier_args"][0]["image_share"] == 0.5

@@ -79,8 +79,10 @@ def build_pipeline(vae: AutoencoderKLWan, transformer: WanTransformer3DModel, se
     """The pipeline training saves; its text encoder is drawn from `seed` unless one is given
     (a resumed run must keep the encoder its transformer learned to read)."""
     tokenizer = build_text_tokenizer()
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder or build_text_encoder(len(tokenizer), seed),
-                       vae=vae, transformer=transformer, scheduler=build_scheduler(), expand_timesteps=True)
+    if text_encoder is None:
+        text_encoder = build_text_encoder(len(tokenizer), seed)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                       scheduler=build_scheduler(), expand_timesteps=True)
 
 
 def to_tensor(clips: np.ndarray | list) -> torch.Tensor:
