@@ -138,6 +138,31 @@ def test_a_job_that_keeps_killing_its_worker_fails_instead_of_looping(tmp_path):
         server.stop()
 
 
+def test_queued_job_whose_message_was_never_published_runs_after_api_restart(celery_env):
+    """An API killed between marking a job queued and publishing its message (a submission, or a
+    lease reaper's requeue) must not leave the job queued forever: the next API publishes it."""
+    import redis
+
+    from vidserve.workers.celery_app import queue_name
+
+    data, env = celery_env
+    server = Server(data, env=env, extra=["--queue", "celery"]).start()
+    worker = None
+    try:
+        job_id = submit(server.url, **TINY)
+        broker = redis.Redis.from_url(env["VIDSERVE_REDIS_URL"])
+        assert broker.delete(queue_name("wan-tiny")) == 1  # the message is gone; the record says queued
+        server.kill()
+        server = Server(data, env=env, extra=["--queue", "celery"]).start()
+        worker = Worker(data, "wan-tiny", env, "after").start()
+        final = finished(server.url, job_id, "the job without a message")
+        assert final["status"] == "completed" and final["attempts"] == 1
+    finally:
+        if worker:
+            worker.stop()
+        server.stop()
+
+
 def _records(env, ids):
     store = RedisJobStore(env["VIDSERVE_REDIS_URL"])
     return [store.get(i) for i in ids]

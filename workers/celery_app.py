@@ -6,8 +6,8 @@ holds the model), and a visibility timeout longer than any job. Each model has i
 queue, so a worker only takes jobs for the model it holds. Redelivery alone can't
 recover a job whose worker was killed (its message stays unacked for the whole
 visibility timeout), so a lease reaper — in the API and in every worker — re-enqueues
-running jobs whose worker went silent; the runner's atomic claim keeps a job from
-running twice.
+running jobs whose worker went silent, and the API publishes every queued job again when it
+starts; the runner's atomic claim keeps a job from running twice.
 """
 
 from __future__ import annotations
@@ -92,11 +92,16 @@ class CeleryQueue:
     """The API side: enqueue jobs on their model's queue; watch for lost ones."""
 
     def __init__(self, settings: Settings, store: JobStore, webhooks: WebhookSender):
-        self.app = make_celery(settings)
+        self.app, self.store = make_celery(settings), store
         self.reaper = LeaseReaper(store, self.submit, lambda job: announce(webhooks, settings, job),
                                   settings.lease_seconds)
 
     def start(self) -> None:
+        # An API killed between marking a job queued (a submission, a reaper's requeue) and
+        # publishing its message left a queued job no worker will ever hear of: publish every
+        # queued job again. A job delivered twice still runs once (the runner's atomic claim).
+        for job in self.store.with_status([JobStatus.queued]):
+            self.submit(job)
         self.reaper.start()
 
     def submit(self, job: Job) -> None:
