@@ -10,6 +10,8 @@ combinations the models never saw in training (shapes_world.HELDOUT for clips,
 FRAME_HELDOUT for frames). Sections:
 
 - t2v: text-to-video on held-out prompts, per attribute, and shape per shape asked for.
+- area_ratio (t2v, i2v, vae): the main shape's mean area in the generated clips over that in
+  the rendered held-out clips; above 1, the model paints shapes too big (and so rounder).
 - i2v: the first frame of a held-out clip plus its prompt: does the clip keep shape and colour?
 - vae: the same held-out clips through wan-shapes' VAE and back. Every generated clip leaves
   through this decoder, so its figures are a practical ceiling for t2v and i2v.
@@ -44,7 +46,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # training/ is not an installed package
 
 from training import shapes_world as world  # noqa: E402
-from training.shapes_score import score, score_caption  # noqa: E402
+from training.shapes_score import detect, score, score_caption  # noqa: E402
 from training.wan_shapes import to_clips, to_tensor  # noqa: E402
 from vidserve.config import Settings  # noqa: E402
 from vidserve.pipelines.chain import generate_video  # noqa: E402
@@ -89,38 +91,45 @@ def shape_by_kind(scores: list[dict], specs: list) -> dict:
                   f"{sum(spec.shape == kind for spec in specs)}" for kind in world.SHAPES}
 
 
+def area_ratio(clips: list, specs: list) -> float | None:
+    """Mean area of the main shape in the clips over that in the rendered held-out clips (both by
+    the detector; pairs where either shows none are skipped). 1 is right; a loss that favours
+    painting shape over background draws shapes too big, and rounder (benchmarks/RESULTS.md)."""
+    pairs = [(detect(c)["objects"], detect(world.render(s))["objects"]) for c, s in zip(clips, specs)]
+    pairs = [(made[0]["area"], true[0]["area"]) for made, true in pairs if made and true]
+    return round(sum(m for m, _ in pairs) / sum(t for _, t in pairs), 2) if pairs else None
+
+
 def generate(settings: Settings, prompt: str, seed: int, on_chunk=None, **kwargs):
     return generate_video(build_request(resolve(MODEL), settings, prompt, seed=seed, **kwargs), device="cpu",
                           dtype="float32", on_chunk=on_chunk)
 
 
 def run_t2v(settings: Settings, specs: list, **kwargs) -> dict:
-    scores, start = [], time.perf_counter()
+    clips, start = [], time.perf_counter()
     for i, spec in enumerate(specs):
-        result = generate(settings, world.caption(spec), seed=i, **kwargs)
-        scores.append(score(result.frames, world.caption(spec)))
-    return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs),
-            "seconds_per_clip": round((time.perf_counter() - start) / len(specs), 2)}
+        clips.append(generate(settings, world.caption(spec), seed=i, **kwargs).frames)
+    seconds = (time.perf_counter() - start) / len(specs)
+    scores = [score(clip, world.caption(spec)) for clip, spec in zip(clips, specs)]
+    return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs), "area_ratio": area_ratio(clips, specs),
+            "seconds_per_clip": round(seconds, 2)}
 
 
 def run_i2v(settings: Settings, specs: list) -> dict:
-    scores = []
-    for i, spec in enumerate(specs):
-        first = Image.fromarray(world.render(spec)[0])
-        result = generate(settings, world.caption(spec), seed=i, image=first)
-        scores.append(score(result.frames, world.caption(spec)))
+    clips = [generate(settings, world.caption(spec), seed=i, image=Image.fromarray(world.render(spec)[0])).frames
+             for i, spec in enumerate(specs)]
+    scores = [score(clip, world.caption(spec)) for clip, spec in zip(clips, specs)]
     return {**rates(scores), "colour+shape": round(float(np.mean([s["colour"] and s["shape"] for s in scores])), 3),
-            "shape_by_kind": shape_by_kind(scores, specs)}
+            "shape_by_kind": shape_by_kind(scores, specs), "area_ratio": area_ratio(clips, specs)}
 
 
 @torch.no_grad()
 def run_vae(specs: list) -> dict:
     vae = AutoencoderKLWan.from_pretrained(Path(resolve(MODEL).source) / "vae").eval()
-    scores = []
-    for spec in specs:
-        latents = vae.encode(to_tensor([world.render(spec)])).latent_dist.mode()
-        scores.append(score(to_clips(vae.decode(latents).sample)[0], world.caption(spec)))
-    return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs)}
+    clips = [to_clips(vae.decode(vae.encode(to_tensor([world.render(spec)])).latent_dist.mode()).sample)[0]
+             for spec in specs]
+    scores = [score(clip, world.caption(spec)) for clip, spec in zip(clips, specs)]
+    return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs), "area_ratio": area_ratio(clips, specs)}
 
 
 def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_correction: str) -> dict:
@@ -214,7 +223,7 @@ def main() -> None:
     settings = Settings(device="cpu", dtype="float32", chat_model="")
     specs = heldout(args.prompts)
     results: dict = {"model": MODEL, "chat_model": CHAT_MODEL, "seed": SEED}
-    cols = ("colour", "shape", "motion", "background", "colour+shape+motion", "all", "n")
+    cols = ("colour", "shape", "motion", "background", "colour+shape+motion", "all", "area_ratio", "n")
     if "fidelity" in sections:
         results["fidelity"] = {name: run_t2v(settings, specs, **kwargs) for name, kwargs in VARIANTS.items()}
     if "t2v" in sections:

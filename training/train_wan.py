@@ -6,12 +6,15 @@ prompts. Each step noises the latents to sigma (uniform, then shifted as the sam
 flow_shift shifts it) and regresses the velocity noise - latents. A share of the samples
 (--image-share, half by default) are image-to-video: their first latent frame stays clean
 with timestep 0 on its tokens and out of the loss, which is how Wan2.2 TI2V conditions on a
-first frame. One caption in ten is dropped to "" for classifier-free guidance. Three options
-aim the loss at shape, which a model trained this way draws as a blob for want of signal
-(benchmarks/RESULTS.md): a shape covers ~5% of a frame, so --object-weight weighs the latent
-cells it touches up; shape is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the
+first frame. One caption in ten is dropped to "" for classifier-free guidance. Two options
+aim the training at shape, which a model trained this way draws as a blob for want of signal
+(benchmarks/RESULTS.md): shape is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the
 samples there; and text-to-video draws its own first frame, which an --image-share below 0.5
-puts in the loss of more samples. The exponential moving average of the weights is what gets
+puts in the loss of more samples. A third, --object-weight, weighs the latent cells a shape
+touches up; it is kept only to reproduce the committed model's earlier runs, and is off by
+default because it is biased: the weight depends on where the shape truly is, so wherever the
+model is unsure, the loss is least when it paints shape, and shapes come out too big and round
+(3.4x the area from text at 5x). The exponential moving average of the weights is what gets
 saved, as a complete diffusers folder (all but vae/, train_vae.py's).
 --resume goes on from the saved transformer and text encoder with a fresh schedule, so training
 can be split over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every
@@ -97,7 +100,7 @@ def main() -> None:
     parser.add_argument("--ema", type=float, default=0.999)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--object-weight", type=float, default=1.0,
-                        help="loss weight of the latent cells a shape touches (the rest weigh 1)")
+                        help="loss weight of the latent cells a shape touches (the rest weigh 1); biased, see above")
     parser.add_argument("--mid-sigma", type=float, default=0.0,
                         help="share of samples with sigma uniform in [0.25, 0.65], where shape is decided")
     parser.add_argument("--image-share", type=float, default=0.5,
