@@ -10,8 +10,6 @@ combinations the models never saw in training (shapes_world.HELDOUT for clips,
 FRAME_HELDOUT for frames). Sections:
 
 - t2v: text-to-video on held-out prompts, per attribute, and shape per shape asked for.
-- area_ratio (t2v, i2v, vae): the main shape's mean area in the generated clips over that in
-  the rendered held-out clips; above 1, the model paints shapes too big (and so rounder).
 - i2v: the first frame of a held-out clip plus its prompt: does the clip keep shape and colour?
 - vae: the same held-out clips through wan-shapes' VAE and back. Every generated clip leaves
   through this decoder, so its figures are a practical ceiling for t2v and i2v.
@@ -23,6 +21,10 @@ FRAME_HELDOUT for frames). Sections:
   default 4x4x4 tiles and with 1x4x4), and step caching, all on the same prompts and seeds,
   with seconds per clip.
 - vlm: captions and answers from vlm-shapes through POST /v1/chat/completions.
+
+t2v, i2v and vae also report area_ratio: the main shape's mean area in the generated clips
+over that in the rendered held-out clips; above 1, the model paints shapes too big (and so
+rounder).
 
 Results: a table per section on stdout, everything in benchmarks/results/shapes_eval.json.
 """
