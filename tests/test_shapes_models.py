@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from diffusers import WanTransformer3DModel
 from fastapi.testclient import TestClient
 from PIL import Image
 from safetensors.torch import load_file
@@ -21,6 +22,7 @@ from safetensors.torch import load_file
 from training import common, shapes_world as world, train_wan
 from training.shapes_score import score_caption
 from training.vlm_shapes import build as build_vlm, pixel_values
+from training.wan_shapes import build_transformer, deepen
 from vidserve.api.app import create_app
 from vidserve.config import Settings
 from vidserve.pipelines.chain import generate_video
@@ -122,6 +124,9 @@ def test_training_scripts_run_end_to_end(tmp_path):
     record = json.loads((out / "training" / "transformer.json").read_text())
     assert record["earlier_args"][0]["steps"] == 2 and {"resumed": 1} in record["log"]
     assert record["args"]["image_share"] == 0.2 and record["earlier_args"][0]["image_share"] == 0.5
+    _run("training.train_wan", "--resume", "--deepen", "1", "--steps", "1", "--batch", "2", "--clips", "8",
+         "--out", str(out))
+    assert json.loads((out / "transformer" / "config.json").read_text())["num_layers"] == 5
     _run("training.train_vlm", "--steps", "2", "--tower-steps", "2", "--batch", "4", "--frames", "40",
          "--out", str(tmp_path / "vlm"))
     assert (tmp_path / "vlm" / "model.safetensors").exists() and (tmp_path / "vlm" / "training.json").exists()
@@ -155,3 +160,26 @@ def test_training_pixels_are_what_the_served_processor_makes():
 
 def test_prefetch_keeps_order_with_workers():
     assert list(common.prefetch(abs, range(-9, 0), workers=2)) == list(range(9, 0, -1))
+
+
+def test_deepened_transformer_computes_what_it_did_and_its_new_blocks_learn(tmp_path):
+    """train_wan --deepen grows a trained transformer: the output is unchanged, the folder saves
+    and loads with the new depth, and the new blocks' zeroed projections get gradients."""
+    model = build_transformer(3).eval()
+    latents, timestep, text = torch.randn(1, 8, 5, 16, 16), torch.full((1, 320), 600.0), torch.randn(1, 24, 64)
+    with torch.no_grad():
+        before = model(latents, timestep, text, return_dict=False)[0]
+        deep = deepen(model, 2)
+        after = deep(latents, timestep, text, return_dict=False)[0]
+    assert len(deep.blocks) == 6 and before.abs().mean() > 0.1
+    torch.testing.assert_close(after, before, atol=0, rtol=0)
+    deep.save_pretrained(tmp_path)
+    loaded = WanTransformer3DModel.from_pretrained(tmp_path).eval()
+    assert loaded.config.num_layers == 6
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(latents, timestep, text, return_dict=False)[0], before)
+    added = [loaded.blocks[3], loaded.blocks[5]]  # copies of blocks 2 and 3, each placed after its original
+    assert all(not block.ffn.net[-1].weight.any() for block in added)
+    loaded(latents, timestep, text, return_dict=False)[0].square().mean().backward()
+    for block in added:
+        assert block.ffn.net[-1].weight.grad.abs().sum() > 0 and block.attn1.to_out[0].weight.grad.abs().sum() > 0

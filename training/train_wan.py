@@ -18,8 +18,10 @@ model is unsure, the loss is least when it paints shape, and shapes come out too
 saved, as a complete diffusers folder (all but vae/, train_vae.py's).
 --resume goes on from the saved transformer and text encoder with a fresh schedule, so training
 can be split over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every
-run. --seed picks the clips (a new seed, clips not seen before) and, without --resume, the
-frozen text encoder and the transformer's initialisation.
+run. With --deepen N it first adds N blocks that start as no-ops (wan_shapes.deepen): more
+capacity, when more runs of the same model have levelled off, without starting over. --seed
+picks the clips (a new seed, clips not seen before) and, without --resume, the frozen text
+encoder and the transformer's initialisation.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from transformers import UMT5EncoderModel
 from vidserve.registry import SERVING_FILE
 
 from . import common, shapes_world as world
-from .wan_shapes import (FLOW_SHIFT, FOLDER, FRAMES, SIZE, TEXT_TOKENS, build_pipeline, build_transformer,
+from .wan_shapes import (FLOW_SHIFT, FOLDER, FRAMES, SIZE, TEXT_TOKENS, build_pipeline, build_transformer, deepen,
                          latent_stats, to_tensor)
 
 
@@ -106,6 +108,8 @@ def main() -> None:
     parser.add_argument("--image-share", type=float, default=0.5,
                         help="share of image-to-video samples (first latent frame given clean)")
     parser.add_argument("--resume", action="store_true", help="go on from the transformer saved in --out")
+    parser.add_argument("--deepen", type=int, default=0,
+                        help="with --resume: add this many blocks, each starting as a no-op (wan_shapes.deepen)")
     args = common.parse(parser)
     out, device = Path(args.out), torch.device(args.device)
 
@@ -113,10 +117,12 @@ def main() -> None:
     torch.manual_seed(args.seed)
     log, earlier_args, text_encoder = [], [], None
     if args.resume:
-        model = WanTransformer3DModel.from_pretrained(out / "transformer")
+        model = deepen(WanTransformer3DModel.from_pretrained(out / "transformer"), args.deepen)
         text_encoder = UMT5EncoderModel.from_pretrained(out / "text_encoder").eval()
         log, earlier_args = common.earlier_runs(out / "training" / "transformer.json")
         log.append({"resumed": len(earlier_args)})
+    elif args.deepen:
+        parser.error("--deepen grows a trained transformer: it needs --resume")
     else:
         model = build_transformer(args.seed)
     model = model.to(device).train()

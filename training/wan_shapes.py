@@ -10,6 +10,8 @@ transformer on its latents; both write into WEIGHTS/wan-shapes, a plain diffuser
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
@@ -67,6 +69,23 @@ def build_transformer(seed: int) -> WanTransformer3DModel:
         out_channels=LATENT_CHANNELS, text_dim=64, freq_dim=64, ffn_dim=512, num_layers=4, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", rope_max_seq_len=64,
     )
+
+
+def deepen(model: WanTransformer3DModel, layers: int) -> WanTransformer3DModel:
+    """The same model with `layers` more blocks, computing exactly what it did: each new block
+    is a copy of one of the last blocks, placed after it, with the projections it adds to the
+    residual stream zeroed. Training then goes on with more capacity from where it stood,
+    and the copied attention starts from features that mean something."""
+    blocks = list(model.blocks)
+    for source in range(len(blocks) - 1, len(blocks) - 1 - layers, -1):
+        block = copy.deepcopy(blocks[source])
+        for out in (block.attn1.to_out[0], block.attn2.to_out[0], block.ffn.net[-1]):
+            torch.nn.init.zeros_(out.weight)
+            torch.nn.init.zeros_(out.bias)
+        blocks.insert(source + 1, block)
+    model.blocks = torch.nn.ModuleList(blocks)
+    model.register_to_config(num_layers=len(blocks))
+    return model
 
 
 def build_scheduler() -> UniPCMultistepScheduler:
