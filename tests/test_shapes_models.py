@@ -172,6 +172,8 @@ def test_deepened_transformer_computes_what_it_did_and_its_new_blocks_learn(tmp_
         deep = deepen(model, 2)
         after = deep(latents, timestep, text, return_dict=False)[0]
     assert len(deep.blocks) == 6 and before.abs().mean() > 0.1
+    with pytest.raises(ValueError, match="0 to 6 blocks"):
+        deepen(deep, 7)
     torch.testing.assert_close(after, before, atol=0, rtol=0)
     deep.save_pretrained(tmp_path)
     loaded = WanTransformer3DModel.from_pretrained(tmp_path).eval()

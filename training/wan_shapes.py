@@ -77,6 +77,8 @@ def deepen(model: WanTransformer3DModel, layers: int) -> WanTransformer3DModel:
     residual stream zeroed. Training then goes on with more capacity from where it stood,
     and the copied attention starts from features that mean something."""
     blocks = list(model.blocks)
+    if not 0 <= layers <= len(blocks):
+        raise ValueError(f"can add 0 to {len(blocks)} blocks (copies of the last ones), not {layers}")
     for source in range(len(blocks) - 1, len(blocks) - 1 - layers, -1):
         block = copy.deepcopy(blocks[source])
         for out in (block.attn1.to_out[0], block.attn2.to_out[0], block.ffn.net[-1]):
