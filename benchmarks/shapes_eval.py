@@ -2,6 +2,8 @@
 
     python benchmarks/shapes_eval.py            # everything, 6-15 min on 2 CPU cores
     python benchmarks/shapes_eval.py --only t2v,vlm --prompts 20
+    python benchmarks/shapes_eval.py --only t2v,i2v,chain --set-seed 11 --first-seed 100 --prompts 100 --chains 30 \
+        --out benchmarks/results/shapes_eval_other.json   # another draw of the held-out prompts
 
 Every clip is graded by training/shapes_score.py (background plane, hue vote, fill/asymmetry
 for the shape, centroid track for the direction) against the prompt it was made from; every
@@ -73,9 +75,9 @@ VARIANTS = {
 }
 
 
-def heldout(n: int) -> list[world.ClipSpec]:
+def heldout(n: int, seed: int = SEED) -> list[world.ClipSpec]:
     spec = resolve(MODEL)
-    return world.sample_specs(n, SEED, split="heldout", frames=spec.frames_per_chunk, width=spec.width,
+    return world.sample_specs(n, seed, split="heldout", frames=spec.frames_per_chunk, width=spec.width,
                               height=spec.height)
 
 
@@ -107,18 +109,19 @@ def generate(settings: Settings, prompt: str, seed: int, on_chunk=None, **kwargs
                           dtype="float32", on_chunk=on_chunk)
 
 
-def run_t2v(settings: Settings, specs: list, **kwargs) -> dict:
+def run_t2v(settings: Settings, specs: list, first_seed: int = 0, **kwargs) -> dict:
     clips, start = [], time.perf_counter()
     for i, spec in enumerate(specs):
-        clips.append(generate(settings, world.caption(spec), seed=i, **kwargs).frames)
+        clips.append(generate(settings, world.caption(spec), seed=first_seed + i, **kwargs).frames)
     seconds = (time.perf_counter() - start) / len(specs)
     scores = [score(clip, world.caption(spec)) for clip, spec in zip(clips, specs)]
     return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs), "area_ratio": area_ratio(clips, specs),
             "seconds_per_clip": round(seconds, 2)}
 
 
-def run_i2v(settings: Settings, specs: list) -> dict:
-    clips = [generate(settings, world.caption(spec), seed=i, image=Image.fromarray(world.render(spec)[0])).frames
+def run_i2v(settings: Settings, specs: list, first_seed: int = 0) -> dict:
+    clips = [generate(settings, world.caption(spec), seed=first_seed + i,
+                      image=Image.fromarray(world.render(spec)[0])).frames
              for i, spec in enumerate(specs)]
     scores = [score(clip, world.caption(spec)) for clip, spec in zip(clips, specs)]
     return {**rates(scores), "colour+shape": round(float(np.mean([s["colour"] and s["shape"] for s in scores])), 3),
@@ -134,7 +137,8 @@ def run_vae(specs: list) -> dict:
     return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs), "area_ratio": area_ratio(clips, specs)}
 
 
-def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_correction: str) -> dict:
+def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_correction: str,
+              first_seed: int = 0) -> dict:
     """5-chunk chains from the first frame of a held-out clip (start="image", what point 2 of
     issue 9 asks: do later chunks keep the given frame's shape and colour?) or from the prompt
     alone (start="text", where chunk 1 is a t2v clip and carries t2v's misses down the chain)."""
@@ -151,7 +155,8 @@ def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_co
             per_chunk[index].append(score(chunk_frames, prompt))
             drift[index].append(metrics.to_dict())
 
-        generate(settings, prompts[0], seed=i, prompts=prompts, num_frames=frames + (chunks - 1) * (frames - 1),
+        generate(settings, prompts[0], seed=first_seed + i, prompts=prompts,
+                 num_frames=frames + (chunks - 1) * (frames - 1),
                  image=image, drift_correction=drift_correction, on_chunk=on_chunk)
     kept = [all(per_chunk[c][i]["colour"] and per_chunk[c][i]["shape"] for c in range(chunks))
             for i in range(len(specs))]
@@ -219,20 +224,26 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=50, help="held-out prompts per t2v/i2v/fidelity run")
     parser.add_argument("--chains", type=int, default=10)
     parser.add_argument("--frames", type=int, default=100, help="held-out frames for the VLM")
+    parser.add_argument("--set-seed", type=int, default=SEED,
+                        help="draws the held-out prompts: another seed is another set of the same held-out "
+                             "combinations, to check that what was chosen on the default set holds elsewhere")
+    parser.add_argument("--first-seed", type=int, default=0, help="clip i is generated with seed first-seed + i")
     parser.add_argument("--out", default="benchmarks/results/shapes_eval.json")
     args = parser.parse_args()
     sections = set(args.only.split(","))
     settings = Settings(device="cpu", dtype="float32", chat_model="")
-    specs = heldout(args.prompts)
-    results: dict = {"model": MODEL, "chat_model": CHAT_MODEL, "seed": SEED}
+    specs = heldout(args.prompts, args.set_seed)
+    results: dict = {"model": MODEL, "chat_model": CHAT_MODEL, "set_seed": args.set_seed, "first_seed": args.first_seed}
     cols = ("colour", "shape", "motion", "background", "colour+shape+motion", "all", "area_ratio", "n")
     if "fidelity" in sections:
-        results["fidelity"] = {name: run_t2v(settings, specs, **kwargs) for name, kwargs in VARIANTS.items()}
+        results["fidelity"] = {name: run_t2v(settings, specs, args.first_seed, **kwargs)
+                               for name, kwargs in VARIANTS.items()}
     if "t2v" in sections:
-        results["t2v"] = results["fidelity"]["dense"] if "fidelity" in results else run_t2v(settings, specs)
+        results["t2v"] = (results["fidelity"]["dense"] if "fidelity" in results
+                          else run_t2v(settings, specs, args.first_seed))
         print(table(f"text-to-video, {len(specs)} held-out prompts", {"wan-shapes": results["t2v"]}, cols))
     if "i2v" in sections:
-        results["i2v"] = run_i2v(settings, specs)
+        results["i2v"] = run_i2v(settings, specs, args.first_seed)
         print(table("image-to-video from the first frame of held-out clips", {"wan-shapes": results["i2v"]},
                     ("colour+shape", *cols)))
     if "vae" in sections:
@@ -243,8 +254,8 @@ def main() -> None:
     if kinds:
         print(table("shape read right, per shape asked for", kinds, world.SHAPES))
     if "chain" in sections:
-        chain_specs = heldout(args.chains)
-        results["chain"] = [run_chain(settings, chain_specs, 5, start, d)
+        chain_specs = heldout(args.chains, args.set_seed)
+        results["chain"] = [run_chain(settings, chain_specs, 5, start, d, args.first_seed)
                             for start, d in (("image", "color"), ("image", "none"), ("text", "color"))]
         for run in results["chain"]:
             print(table(f"5-chunk chains from the {run['start']}, drift_correction={run['drift_correction']}: shape "
