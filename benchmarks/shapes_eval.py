@@ -24,9 +24,9 @@ FRAME_HELDOUT for frames). Sections:
   with seconds per clip.
 - vlm: captions and answers from vlm-shapes through POST /v1/chat/completions.
 
-t2v, i2v and vae also report area_ratio: the main shape's mean area in the generated clips
-over that in the rendered held-out clips; above 1, the model paints shapes too big (and so
-rounder).
+t2v, i2v, vae and every chunk of a chain also report area_ratio: the main shape's mean area
+in the generated clips over that in the rendered held-out clips; above 1, the model paints
+shapes too big (and so rounder). In a chain it shows how the shape grows chunk by chunk.
 
 Results: a table per section on stdout, everything in benchmarks/results/shapes_eval.json.
 """
@@ -144,6 +144,7 @@ def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_co
     alone (start="text", where chunk 1 is a t2v clip and carries t2v's misses down the chain)."""
     per_chunk: list[list[dict]] = [[] for _ in range(chunks)]
     drift: list[list[dict]] = [[] for _ in range(chunks)]
+    chunk_clips: list[list] = [[] for _ in range(chunks)]
     frames = resolve(MODEL).frames_per_chunk
     for i, spec in enumerate(specs):
         # Back and forth: the same caption with the direction reversed every other chunk.
@@ -154,6 +155,7 @@ def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_co
         def on_chunk(index, chunk_frames, metrics, prompt):
             per_chunk[index].append(score(chunk_frames, prompt))
             drift[index].append(metrics.to_dict())
+            chunk_clips[index].append(chunk_frames)
 
         generate(settings, prompts[0], seed=first_seed + i, prompts=prompts,
                  num_frames=frames + (chunks - 1) * (frames - 1),
@@ -164,9 +166,10 @@ def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_co
         "start": start, "drift_correction": drift_correction, "chains": len(specs),
         "kept_shape_and_colour_to_the_end": round(float(np.mean(kept)), 3),
         "per_chunk": [{**rates(s), "colour+shape": round(float(np.mean([x["colour"] and x["shape"] for x in s])), 3),
+                       "area_ratio": area_ratio(clips, specs),
                        "luma_change": round(float(np.mean([d["luma_change"] for d in dr])), 4),
                        "histogram_distance": round(float(np.mean([d["histogram_distance"] for d in dr])), 4)}
-                      for s, dr in zip(per_chunk, drift)],
+                      for s, dr, clips in zip(per_chunk, drift, chunk_clips)],
     }
 
 
@@ -262,7 +265,8 @@ def main() -> None:
                         f"and colour kept in every chunk by {run['kept_shape_and_colour_to_the_end']:.0%} of "
                         f"{run['chains']}",
                         {f"chunk {i + 1}": row for i, row in enumerate(run["per_chunk"])},
-                        ("colour+shape", "colour", "shape", "motion", "luma_change", "histogram_distance")))
+                        ("colour+shape", "colour", "shape", "motion", "area_ratio", "luma_change",
+                         "histogram_distance")))
     if "fidelity" in sections:
         print(table(f"fidelity: t2v adherence on {len(specs)} held-out prompts", results["fidelity"],
                     (*cols, "seconds_per_clip")))
