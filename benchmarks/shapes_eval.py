@@ -60,7 +60,6 @@ from vidserve.requests import build_request  # noqa: E402
 MODEL, CHAT_MODEL = "wan-shapes", "vlm-shapes"
 SEED = 2026  # the eval set: never a training seed
 ATTRIBUTES = ("colour", "shape", "motion", "background")
-OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 VARIANTS = {
     "dense": {},
     "top-k 0.25": {"attention": {"mode": "topk", "density": 0.25}},
@@ -147,9 +146,7 @@ def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_co
     chunk_clips: list[list] = [[] for _ in range(chunks)]
     frames = resolve(MODEL).frames_per_chunk
     for i, spec in enumerate(specs):
-        # Back and forth: the same caption with the direction reversed every other chunk.
-        there, back = world.caption(spec), world.caption(spec).replace(spec.motion, OPPOSITE[spec.motion])
-        prompts = [there if c % 2 == 0 else back for c in range(chunks)]
+        prompts = world.chain_prompts(spec, chunks)
         image = Image.fromarray(world.render(spec)[0]) if start == "image" else None
 
         def on_chunk(index, chunk_frames, metrics, prompt):

@@ -30,6 +30,9 @@ def parser(doc: str, folder: Path) -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float, default=0,
                    help="stop training early after this long, saving what there is (0: no limit); "
                         "the log records it, and such a run is not the recipe's result")
+    p.add_argument("--stop-at", type=int, default=0,
+                   help="stop the last phase at this step, as a deadline once stopped it (0: don't): how "
+                        "training/replay.py repeats a run that --max-seconds cut short, on any machine")
     return p
 
 
@@ -48,9 +51,10 @@ def out_of_time(args: argparse.Namespace) -> bool:
     return bool(args.max_seconds) and time.time() - args.started > args.max_seconds
 
 
-def stopped_early(args: argparse.Namespace, log: list, step: int, **context) -> bool:
-    """True once past --max-seconds, with the step it stopped at recorded in the log."""
-    if not out_of_time(args):
+def stopped_early(args: argparse.Namespace, log: list, step: int, last_phase: bool = True, **context) -> bool:
+    """True once past --max-seconds, or at --stop-at in the run's last phase, with the step it
+    stopped at recorded in the log."""
+    if not (out_of_time(args) or last_phase and step == args.stop_at > 0):
         return False
     log.append({**context, "stopped_early_at_step": step})
     print(log[-1], flush=True)

@@ -36,6 +36,7 @@ GRADIENTS = ("vertical", "horizontal")
 FPS = 16
 MARGIN = 2  # px between a shape's bounding box and the frame edge, in every frame
 GRADIENT_SPAN = 48  # a graded background stays within 48 levels of its named gray, so the name stays right
+OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 _VELOCITY = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # y grows downward
 
 
@@ -159,6 +160,14 @@ def caption(spec: ClipSpec) -> str:
     verb = {"still": "standing still", "bouncing": "bouncing"}
     parts = [f"a {o.colour} {o.shape} {verb.get(o.motion, 'moving ' + o.motion)}" for o in spec.objects]
     return " and ".join(parts) + f" on a {spec.background} background"
+
+
+def chain_prompts(spec: ClipSpec, chunks: int) -> list[str]:
+    """Prompts for a chained video of spec that keeps its shape in frame: the caption with the
+    direction reversed in every other chunk ("still" and "bouncing" stay as they are)."""
+    there = caption(spec)
+    back = there.replace(spec.motion, OPPOSITE[spec.motion]) if spec.motion in OPPOSITE else there
+    return [there if c % 2 == 0 else back for c in range(chunks)]
 
 
 _SYNONYMS = {"grey": "gray", "disc": "circle", "disk": "circle", "leftward": "left", "rightward": "right",

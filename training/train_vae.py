@@ -55,7 +55,7 @@ def train(vae, args, steps: int, size: int, window: int, sample: bool, lr: float
     start = time.time()
     jobs = ((seed * 1_000_003 + step, size, window) for step in range(steps))
     for step, (clips, masks) in enumerate(common.prefetch(batch, jobs, args.workers)):
-        if common.stopped_early(args, log, step, frames=window, decoder_only=decoder_only):
+        if common.stopped_early(args, log, step, last_phase=decoder_only, frames=window, decoder_only=decoder_only):
             break
         x = to_tensor(clips).to(args.device)
         # Shape pixels weigh 5x: a shape is ~5% of a frame, and its edges are what the scorer and eye judge.
@@ -87,6 +87,7 @@ def main() -> None:
     if args.decoder_only:
         vae = AutoencoderKLWan.from_pretrained(f"{args.out}/vae").to(args.device).train()
         log, earlier_args = common.earlier_runs(Path(args.out) / "training" / "vae.json")
+        log.append({"resumed": len(earlier_args)})
         train(vae, args, args.full_steps[2], args.batches[3], FRAMES, False, 5e-4, args.seed + 4, log,
               decoder_only=True)
         finish(vae, args, log, earlier_args)

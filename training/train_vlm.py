@@ -57,7 +57,7 @@ def pretrain_tower(tower, processor, specs: list, views: np.ndarray, args, rng: 
     opt, schedule = common.optimizer(params, args.lr, args.tower_steps, warmup=100, floor=0.05, weight_decay=0.01)
     log, losses = [], []
     for step in range(args.tower_steps):
-        if common.stopped_early(args, log, step):
+        if common.stopped_early(args, log, step, last_phase=False):
             break
         idx, view = rng.choice(single, size=args.batch), rng.integers(2, size=args.batch)  # named or random palette
         features = tower(pixel_values=pixel_values(processor, views[view, idx]).to(args.device))
