@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from safetensors.torch import load_file
 
-from training import common, continuations, replay, shapes_world as world, train_wan
+from training import common, replay, shapes_world as world, train_wan
 from training.shapes_score import score_caption
 from training.vlm_shapes import build as build_vlm, pixel_values
 from training.wan_shapes import build_transformer, deepen
@@ -132,16 +132,6 @@ def test_training_scripts_run_end_to_end(tmp_path):
     for path in ("vae/diffusion_pytorch_model.safetensors", *kept):
         made, remade = load_file(out / path), load_file(tmp_path / "replayed" / path)
         assert made.keys() == remade.keys() and all(torch.equal(made[k], remade[k]) for k in made), path
-    # Continuations come from a model that draws shapes (the committed one) and train any folder
-    data = tmp_path / "continuations.npz"
-    _run("training.continuations", "--chains", "2", "--depth", "2", "--out", str(WEIGHTS / "wan-shapes"),
-         "--data", str(data))
-    follow_specs, follow_frames, made_by = continuations.load(data)
-    assert 1 <= len(follow_specs) <= 4 and follow_frames.shape == (len(follow_specs), 64, 64, 3)
-    assert made_by == {"seed": 0, "threads": 0, "chains": 2, "depth": 2}
-    _run("training.train_wan", "--resume", "--steps", "1", "--batch", "2", "--clips", "8", "--continuations",
-         str(data), "--continuation-share", "1", "--out", str(out))
-    assert json.loads((out / "training" / "transformer.json").read_text())["args"]["continuations"] == str(data)
     _run("training.train_vlm", "--steps", "2", "--tower-steps", "2", "--batch", "4", "--frames", "40",
          "--out", str(tmp_path / "vlm"))
     assert (tmp_path / "vlm" / "model.safetensors").exists() and (tmp_path / "vlm" / "training.json").exists()
@@ -165,37 +155,18 @@ def test_shape_cells_follow_the_shape_through_the_latent_grid():
         assert 0.005 < clip_cells.mean() < 0.2
 
 
-@pytest.mark.parametrize("shape", world.SHAPES)
-def test_a_continuation_goes_on_from_where_the_frame_shows_the_shape(shape):
-    """continuations.next_spec reads the shape's place off a chunk's last frame: the clip that
-    follows opens there, at the spec's own size, moving back (after chunk 1) or on (after chunk 2),
-    and train_wan renders it opening on that very frame."""
-    spec = world.ClipSpec((world.Shape(shape, "red", "right", 8.0, 14.3, 31.7, 1.5),), "gray", frames=17)
-    first, last = world.render(spec)[[0, 16]]  # the shape travels from x = 14.3 to 38.3
-    back, on = continuations.next_spec(spec, last, 0), continuations.next_spec(spec, first, 1)
-    assert back.motion == "left" and on.motion == "right" and back.objects[0].size == on.objects[0].size == 8.0
-    for made, x in ((back.objects[0], 38.3), (on.objects[0], 14.3)):
-        assert abs(made.x0 - x) < 0.6 and abs(made.y0 - 31.7) < 0.6, made  # the mask is whole pixels
-    assert continuations.next_spec(spec, last, 1) is None  # on to the right from 38.3 would leave the frame
-    assert continuations.next_spec(spec, np.full_like(last, 128), 0) is None  # no shape: no sample
-    clips, _ = train_wan.render([back], last[None])
-    assert np.array_equal(clips[0, 0], last) and not np.array_equal(clips[0, 1], last)
-
-
 def test_replay_reads_every_run_and_where_a_deadline_stopped_it(tmp_path):
     """training.replay turns the logs into commands: each run's own arguments, --stop-at where
-    its deadline stopped it (a later phase's stop at step 0 is the same stop), the VAE first, and
-    before a run on continuations, the command that makes its data again."""
+    its deadline stopped it (a later phase's stop at step 0 is the same stop), the VAE first."""
     logs = tmp_path / "model" / "training"
     logs.mkdir(parents=True)
     (logs / "vae.json").write_text(json.dumps({"args": {"seed": 0, "device": "cuda", "max_seconds": 60.0,
                                                         "batches": [2, 1, 1, 1], "decoder_only": False},
                                                "log": [{"step": 0}, {"stopped_early_at_step": 226},
                                                        {"stopped_early_at_step": 0}]}))
-    cont = {"seed": 9, "device": "cpu", "continuations": "/elsewhere/c.npz", "resume": True,
-            "continuations_made_by": {"seed": 9, "threads": 2, "chains": 5, "depth": 3}}
+    resumed = {"seed": 9, "device": "cpu", "resume": True, "deepen": 0, "object_weight": 1.0, "max_seconds": 0}
     (logs / "transformer.json").write_text(json.dumps({
-        "earlier_args": [{"seed": 0, "device": "cuda", "steps": 7000, "max_seconds": 225.0}], "args": cont,
+        "earlier_args": [{"seed": 0, "device": "cuda", "steps": 7000, "max_seconds": 225.0}], "args": resumed,
         "log": [{"step": 100}, {"stopped_early_at_step": 6688}, {"resumed": 1}, {"step": 100}]}))
     out = tmp_path / "again"
     made = [c[2:] for c in replay.commands(tmp_path / "model", out, None)]
@@ -204,9 +175,7 @@ def test_replay_reads_every_run_and_where_a_deadline_stopped_it(tmp_path):
          "--stop-at", "226"],
         ["training.train_wan", "--seed", "0", "--steps", "7000", "--out", str(out), "--device", "cuda",
          "--stop-at", "6688"],
-        ["training.continuations", "--seed", "9", "--threads", "2", "--chains", "5", "--depth", "3",
-         "--out", str(out), "--device", "cpu", "--data", str(out / "continuations-3.npz")],
-        ["training.train_wan", "--seed", "9", "--continuations", str(out / "continuations-3.npz"), "--resume",
+        ["training.train_wan", "--seed", "9", "--resume", "--deepen", "0", "--object-weight", "1.0",
          "--out", str(out), "--device", "cpu"]]
 
 

@@ -7,9 +7,7 @@ training/transformer.json in the model folder) keep the arguments of every run, 
 where a deadline stopped each. This replays those runs into --out, each with --stop-at the step
 its deadline stopped it at, so a replay takes the same steps on any machine. The VAE's runs go
 first: after the first they train the decoder alone, while the transformer learns from the
-encoder's latents, so they need not interleave as they once did. A transformer run that trained
-on continuations (training/continuations.py) first makes its data again, from the model as it
-stands at that point of the replay, with the arguments the data was made with.
+encoder's latents, so they need not interleave as they once did.
 
 On 2 CPU cores the whole recipe takes most of a day (the first run of each model was an H200's:
 --device cuda there); --dry-run prints the commands, --first N starts at the Nth command (1-based)
@@ -26,7 +24,7 @@ from pathlib import Path
 
 from .wan_shapes import FOLDER
 
-NOT_FLAGS = {"out", "max_seconds", "stop_at", "started", "device", "continuations_made_by"}
+NOT_FLAGS = {"out", "max_seconds", "stop_at", "started", "device"}
 
 
 def runs(log_file: Path) -> list[tuple[dict, int]]:
@@ -56,16 +54,8 @@ def commands(folder: Path, out: Path, device: str | None) -> list[list[str]]:
     """Every run of the model in `folder`, as commands that write into `out`."""
     todo = [("training.train_vae", *run) for run in runs(folder / "training" / "vae.json")]
     todo += [("training.train_wan", *run) for run in runs(folder / "training" / "transformer.json")]
-    made = []
-    for module, args, stop in todo:
-        where = ["--out", str(out), "--device", device or args["device"]]
-        if args.get("continuations"):
-            data = out / f"continuations-{len(made) + 1}.npz"  # named by its command's number
-            made.append([sys.executable, "-m", "training.continuations", *flags(args["continuations_made_by"]),
-                         *where, "--data", str(data)])
-            args = {**args, "continuations": str(data)}
-        made.append([sys.executable, "-m", module, *flags(args), *where, *(["--stop-at", str(stop)] if stop else [])])
-    return made
+    return [[sys.executable, "-m", module, *flags(args), "--out", str(out), "--device", device or args["device"],
+             *(["--stop-at", str(stop)] if stop else [])] for module, args, stop in todo]
 
 
 def main() -> None:

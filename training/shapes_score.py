@@ -108,7 +108,7 @@ def _object(mask: np.ndarray, colour: str, colour_conf: float, min_move: float) 
         motion_conf = 1 - float(np.hypot(dx, dy)) / min_move
     return {"colour": colour, "colour_conf": colour_conf, **_shape(mask, visible, ys, xs),
             "motion": motion, "motion_conf": float(motion_conf), "displacement": (float(dx), float(dy)),
-            "area": float(mask[visible].sum() / visible.sum()), "last_centre": (float(xs[-1]), float(ys[-1]))}
+            "area": float(mask[visible].sum() / visible.sum())}
 
 
 def detect(clip: np.ndarray) -> dict:

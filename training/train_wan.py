@@ -18,8 +18,7 @@ model is unsure, the loss is least when it paints shape, and shapes come out too
 saved, as a complete diffusers folder (all but vae/, train_vae.py's).
 --resume goes on from the saved transformer and text encoder with a fresh schedule, so training
 can be split over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every
-run. --continuations adds image-to-video samples that open on the model's own chained frames
-(training/continuations.py), a --continuation-share of the samples. With --deepen N it first adds N blocks that start as no-ops (wan_shapes.deepen): more
+run. With --deepen N it first adds N blocks that start as no-ops (wan_shapes.deepen): more
 capacity, when more runs of the same model have levelled off, without starting over. --seed
 picks the clips (a new seed, clips not seen before) and, without --resume, the frozen text
 encoder and the transformer's initialisation.
@@ -41,38 +40,31 @@ from transformers import UMT5EncoderModel
 
 from vidserve.registry import SERVING_FILE
 
-from . import common, continuations, shapes_world as world
+from . import common, shapes_world as world
 from .wan_shapes import (FLOW_SHIFT, FOLDER, FRAMES, SIZE, TEXT_TOKENS, build_pipeline, build_transformer, deepen,
                          latent_stats, to_tensor)
 
 
-def render(specs: list, first_frames: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def render(specs: list) -> tuple[np.ndarray, np.ndarray]:
     """(clips uint8 [B, F, H, W, 3], bool [B, F', H/4, W/4]: the latent cells a shape touches).
     A latent cell covers 4x4 pixels of one frame (the first) or of 4 frames (the rest), as the
-    VAE's strides do. `first_frames` replace the clips' own: continuations open on the model's frames."""
+    VAE's strides do."""
     clips = np.stack([world.render(s) for s in specs])
-    if first_frames is not None:
-        clips[:, 0] = first_frames
     pixels = np.stack([world.shape_pixels(s, c) for s, c in zip(specs, clips)])
     b, f, h, w = pixels.shape
     frames = np.concatenate([pixels[:, :1], pixels[:, 1:].reshape(b, (f - 1) // 4, 4, h, w).max(2)], axis=1)
     return clips, frames.reshape(b, -1, h // 4, 4, w // 4, 4).max((3, 5))
 
 
-def _render_chunk(chunk: tuple) -> tuple[np.ndarray, np.ndarray]:
-    return render(*chunk)
-
-
 @torch.no_grad()
-def encode_clips(vae: AutoencoderKLWan, specs: list, workers: int = 0, batch: int = 16,
-                 first_frames: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_clips(vae: AutoencoderKLWan, specs: list, workers: int = 0,
+                 batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalised latents [N, C, F', H/4, W/4], shape cells bool [N, 1, F', H/4, W/4]), both on
     the VAE's device, where the training steps index them."""
     mean, std = (t.to(vae.device) for t in latent_stats(vae))
-    chunks = ((specs[i:i + batch], None if first_frames is None else first_frames[i:i + batch])
-              for i in range(0, len(specs), batch))
+    chunks = (specs[i:i + batch] for i in range(0, len(specs), batch))
     latents, cells = [], []
-    for clips, shape_cells in common.prefetch(_render_chunk, chunks, workers):
+    for clips, shape_cells in common.prefetch(render, chunks, workers):
         latents.append((vae.encode(to_tensor(clips).to(vae.device)).latent_dist.mode() - mean) / std)
         cells.append(torch.from_numpy(shape_cells)[:, None].to(vae.device))
     return torch.cat(latents), torch.cat(cells)
@@ -115,10 +107,6 @@ def main() -> None:
                         help="share of samples with sigma uniform in [0.25, 0.65], where shape is decided")
     parser.add_argument("--image-share", type=float, default=0.5,
                         help="share of image-to-video samples (first latent frame given clean)")
-    parser.add_argument("--continuations", default="",
-                        help="an .npz of training.continuations: image-to-video samples opening on the model's own frames")
-    parser.add_argument("--continuation-share", type=float, default=0.25,
-                        help="with --continuations: share of samples drawn from them")
     parser.add_argument("--resume", action="store_true", help="go on from the transformer saved in --out")
     parser.add_argument("--deepen", type=int, default=0,
                         help="with --resume: add this many blocks, each starting as a no-op (wan_shapes.deepen)")
@@ -142,16 +130,10 @@ def main() -> None:
     pipe = build_pipeline(vae, ema, args.seed, text_encoder).to(device)
     specs = world.sample_specs(args.clips, args.seed + 7, frames=FRAMES, width=SIZE, height=SIZE,
                                two_shapes=0.15, gradient=0.2, extra_motions=0.15)
-    follow_specs, follow_frames = [], None
-    if args.continuations:  # its arguments go into the log, so that a replay can make the same data
-        follow_specs, follow_frames, args.continuations_made_by = continuations.load(Path(args.continuations))
-    captions = [world.caption(s) for s in specs + follow_specs]
+    captions = [world.caption(s) for s in specs]
     rows, text = encode_captions(pipe, captions)
     caption_of = torch.tensor([rows[c] for c in captions])
     latents, shape_cells = encode_clips(vae, specs, args.workers)
-    if follow_specs:  # after the clips, so that those encode as in a run without continuations
-        more = encode_clips(vae, follow_specs, args.workers, first_frames=follow_frames)
-        latents, shape_cells = torch.cat([latents, more[0]]), torch.cat([shape_cells, more[1]])
     print(f"encoded {len(specs)} clips {tuple(latents.shape[1:])} and {len(rows)} captions "
           f"in {time.time() - args.started:.0f} s", flush=True)
 
@@ -165,10 +147,6 @@ def main() -> None:
         if common.stopped_early(args, log, step):
             break
         idx = torch.randint(len(specs), (args.batch,), generator=gen)
-        following = torch.zeros(args.batch, dtype=torch.bool)
-        if follow_specs:  # drawn only when given, so the default recipe's draws stay what they were
-            following = torch.rand(args.batch, generator=gen) < args.continuation_share
-            idx = torch.where(following, len(specs) + torch.randint(len(follow_specs), (args.batch,), generator=gen), idx)
         picked = idx.to(device)
         x0, cells = latents[picked], shape_cells[picked]
         noise = torch.randn(x0.shape, generator=gen).to(device)
@@ -179,7 +157,7 @@ def main() -> None:
             sigma = torch.where(mid, 0.25 + 0.4 * torch.rand(args.batch, generator=gen), sigma)
         sigma = sigma.to(device)
         xt = (1 - sigma.view(-1, 1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1, 1) * noise
-        with_image = ((torch.rand(args.batch, generator=gen) < args.image_share) | following).to(device)
+        with_image = (torch.rand(args.batch, generator=gen) < args.image_share).to(device)
         xt[with_image, :, 0] = x0[with_image, :, 0]
         timestep = (sigma * 1000).view(-1, 1).repeat(1, x0.shape[2] * frame_tokens)
         timestep[with_image, :frame_tokens] = 0
