@@ -41,12 +41,14 @@ def runs(log_file: Path) -> list[tuple[dict, int]]:
 
 
 def flags(args: dict) -> list[str]:
+    """A run's logged arguments as its command line's flags (a True one bare, a list spread)."""
     out = []
     for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
         if key in NOT_FLAGS or value is False or value == "":
             continue
-        out += [flag] if value is True else [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
+        out.append("--" + key.replace("_", "-"))
+        if value is not True:
+            out += map(str, value) if isinstance(value, list) else [str(value)]
     return out
 
 
@@ -68,12 +70,11 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out).resolve()
     todo = commands(Path(args.logs), out, args.device)
-    for number, command in enumerate(todo, 1):
-        if number < args.first:
-            continue
+    if not args.dry_run:
+        out.mkdir(parents=True, exist_ok=True)
+    for number, command in enumerate(todo[args.first - 1:], args.first):
         print(f"[{number}/{len(todo)}] {' '.join(command[1:])}", flush=True)
         if not args.dry_run:
-            out.mkdir(parents=True, exist_ok=True)
             subprocess.run(command, check=True, cwd=Path(__file__).resolve().parents[1])
 
 
