@@ -18,7 +18,7 @@ FRAME_HELDOUT for frames). Sections:
 - chain: 5-chunk videos (each chunk continues from the last frame of the one before, the
   direction reversing every chunk so the shape stays in frame): from a held-out clip's first
   frame with and without drift correction, and from the prompt alone with it; adherence and
-  drift per chunk.
+  drift per chunk, and the chains kept per first prompt.
 - fidelity: t2v adherence for dense attention, top-k at densities 0.25 and 0.125 (with the
   default 4x4x4 tiles and with 1x4x4), and step caching, all on the same prompts and seeds,
   with seconds per clip.
@@ -159,9 +159,13 @@ def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_co
                  image=image, drift_correction=drift_correction, on_chunk=on_chunk)
     kept = [all(per_chunk[c][i]["colour"] and per_chunk[c][i]["shape"] for c in range(chunks))
             for i in range(len(specs))]
+    captions = [world.caption(spec) for spec in specs]
     return {
         "start": start, "drift_correction": drift_correction, "chains": len(specs),
         "kept_shape_and_colour_to_the_end": round(float(np.mean(kept)), 3),
+        # Held-out combinations repeat across chains, and misses gather on a few of them
+        "kept_by_prompt": {c: [sum(k for k, d in zip(kept, captions) if d == c), captions.count(c)]  # kept, chains
+                           for c in sorted(set(captions))},
         "per_chunk": [{**rates(s), "colour+shape": round(float(np.mean([x["colour"] and x["shape"] for x in s])), 3),
                        "area_ratio": area_ratio(clips, specs),
                        "luma_change": round(float(np.mean([d["luma_change"] for d in dr])), 4),
@@ -264,6 +268,8 @@ def main() -> None:
                         {f"chunk {i + 1}": row for i, row in enumerate(run["per_chunk"])},
                         ("colour+shape", "colour", "shape", "motion", "area_ratio", "luma_change",
                          "histogram_distance")))
+            missed = [f"{c}: {k}/{n}" for c, (k, n) in run["kept_by_prompt"].items() if k < n]
+            print("not kept to the end, kept/chains by first prompt:", "; ".join(missed) or "none")
     if "fidelity" in sections:
         print(table(f"fidelity: t2v adherence on {len(specs)} held-out prompts", results["fidelity"],
                     (*cols, "seconds_per_clip")))
