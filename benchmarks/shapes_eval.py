@@ -40,6 +40,7 @@ import json
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -159,13 +160,13 @@ def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_co
                  image=image, drift_correction=drift_correction, on_chunk=on_chunk)
     kept = [all(per_chunk[c][i]["colour"] and per_chunk[c][i]["shape"] for c in range(chunks))
             for i in range(len(specs))]
-    captions = [world.caption(spec) for spec in specs]
+    chains = Counter(world.caption(spec) for spec in specs)
+    kept_chains = Counter(world.caption(spec) for spec, k in zip(specs, kept) if k)
     return {
         "start": start, "drift_correction": drift_correction, "chains": len(specs),
         "kept_shape_and_colour_to_the_end": round(float(np.mean(kept)), 3),
         # Held-out combinations repeat across chains, and misses gather on a few of them
-        "kept_by_prompt": {c: [sum(k for k, d in zip(kept, captions) if d == c), captions.count(c)]  # kept, chains
-                           for c in sorted(set(captions))},
+        "kept_by_prompt": {c: [kept_chains[c], n] for c, n in sorted(chains.items())},  # kept, chains
         "per_chunk": [{**rates(s), "colour+shape": round(float(np.mean([x["colour"] and x["shape"] for x in s])), 3),
                        "area_ratio": area_ratio(clips, specs),
                        "luma_change": round(float(np.mean([d["luma_change"] for d in dr])), 4),

@@ -128,6 +128,18 @@ def test_shapes_stay_fully_in_frame():
         sw.ClipSpec((sw.Shape("circle", "red", "right", 8, 40, 32, 1.0),), "black")  # runs off the right
 
 
+def test_chain_prompts_reverse_every_direction_every_other_chunk():
+    one = sw.ClipSpec((sw.Shape("circle", "red", "left", 6, 40, 32, 0.5),), "black")
+    assert sw.chain_prompts(one, 3) == ["a red circle moving left on a black background",
+                                        "a red circle moving right on a black background",
+                                        "a red circle moving left on a black background"]
+    two = sw.ClipSpec((sw.Shape("circle", "red", "up", 6, 20, 40, 0.5),
+                       sw.Shape("square", "blue", "down", 6, 44, 20, 0.5)), "gray")
+    assert sw.chain_prompts(two, 2)[1] == "a red circle moving down and a blue square moving up on a gray background"
+    still = sw.ClipSpec((sw.Shape("triangle", "green", "still", 6, 32, 32, 0.0),), "white")
+    assert sw.chain_prompts(still, 2) == [sw.caption(still)] * 2
+
+
 def test_caption_and_parse_prompt_round_trip():
     spec = sw.ClipSpec((sw.Shape("circle", "red", "left", 6, 40, 32, 0.5),), "black")
     assert sw.caption(spec) == "a red circle moving left on a black background"

@@ -163,10 +163,10 @@ def caption(spec: ClipSpec) -> str:
 
 
 def chain_prompts(spec: ClipSpec, chunks: int) -> list[str]:
-    """Prompts for a chained video of spec that keeps its shape in frame: the caption with the
-    direction reversed in every other chunk ("still" and "bouncing" stay as they are)."""
+    """Prompts for a chained video of spec that keeps its shapes in frame: the caption with every
+    object's direction reversed in every other chunk ("still" and "bouncing" stay as they are)."""
     there = caption(spec)
-    back = there.replace(spec.motion, OPPOSITE[spec.motion]) if spec.motion in OPPOSITE else there
+    back = re.sub(r"moving (\w+)", lambda m: f"moving {OPPOSITE[m[1]]}", there)
     return [there if c % 2 == 0 else back for c in range(chunks)]
 
 
