@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vidserve.errors import InvalidRequest
+from vidserve.errors import InvalidRequest, from_validation_error
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
           409: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
@@ -31,11 +31,6 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _field_of(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or None
-
-
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError):
@@ -47,10 +42,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):
-        first = exc.errors()[0]
-        param = _field_of(tuple(first.get("loc", ())))
-        message = f"{param}: {first['msg']}" if param else first["msg"]
-        return error_response(400, message, param, "invalid_value")
+        error = from_validation_error(exc)
+        return error_response(400, error.message, error.param, error.code)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):

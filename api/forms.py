@@ -3,8 +3,6 @@ with files, JSON-valued fields and bracketed keys (`video[id]`), under a size li
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 from typing import Any
@@ -13,10 +11,13 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
+from vidserve.errors import from_validation_error
+from vidserve.media import decode_data_url
+
 from .errors import APIError
 
 # Multipart carries every field as a string; these hold JSON.
-JSON_FIELDS = ("metadata", "attention", "prompts")
+JSON_FIELDS = ("metadata", "attention", "cache", "prompts")
 
 
 async def read_body(request: Request, limit: int, file_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict]:
@@ -34,7 +35,7 @@ async def read_body(request: Request, limit: int, file_fields: tuple[str, ...]) 
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
     files = {}
     if "input_reference" in file_fields and fields.get("input_reference") is not None:
-        files["input_reference"] = _data_url_bytes(fields.pop("input_reference"))
+        files["input_reference"] = _reference_bytes(fields.pop("input_reference"), limit)
     return fields, files
 
 
@@ -62,26 +63,20 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
     return fields, files
 
 
-def _data_url_bytes(reference: Any) -> bytes:
+def _reference_bytes(reference: Any, limit: int) -> bytes:
     """JSON bodies may carry the first frame as {"image_url": "data:image/png;base64,..."}."""
     url = reference.get("image_url") if isinstance(reference, dict) else None
-    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
+    if not isinstance(url, str) or not url.startswith("data:"):
         raise APIError(400, "input_reference in a JSON body must be {\"image_url\": \"data:image/...;base64,...\"}; "
                             "or upload the image as multipart/form-data", param="input_reference")
-    try:
-        return base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-    except (binascii.Error, ValueError):
-        raise APIError(400, "input_reference data URL is not valid base64", param="input_reference") from None
+    return decode_data_url(url, "input_reference", limit)
 
 
 def validate(model: type[BaseModel], fields: dict[str, Any]):
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param,
-                       code="invalid_value") from None
+        raise from_validation_error(exc) from None
 
 
 def request_hash(fields: dict[str, Any], files: dict[str, bytes]) -> str:

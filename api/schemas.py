@@ -1,4 +1,7 @@
-"""The request contract of the Videos API (responses are `vidserve.jobs.video_object`)."""
+"""The request contract of the Videos API (responses are `vidserve.jobs.video_object`).
+
+These check types and shapes; `vidserve.requests.build_request` checks values against the
+model and the server's limits (prompt length included), the same rules the CLI gets."""
 
 from __future__ import annotations
 
@@ -12,9 +15,9 @@ class _JobFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=10_000)
-    model: str | None = None
-    negative_prompt: str | None = Field(None, max_length=10_000)
+    prompt: str
+    model: str | None = Field(None, min_length=1, description="A registry name; the server's default if unset.")
+    negative_prompt: str | None = None
     seed: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
@@ -71,4 +74,4 @@ class VideoExtend(_JobFields):
 class VideoRemix(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=10_000)
+    prompt: str

@@ -1,4 +1,4 @@
-"""What the HTTP API and the queue add on top of the model (issue 3).
+"""What the HTTP API and the queue add on top of the model.
 
 One tiny job (wan-tiny, 64x64, 33 frames, 4 steps, fixed seed), timed end to end three ways:
   direct    pipe.generate + encode_mp4 in this process, model already loaded;

@@ -1,4 +1,4 @@
-"""Top-k block-sparse attention vs dense SDPA on this machine's CPU (issue 4).
+"""Top-k block-sparse attention vs dense SDPA on this machine's CPU.
 
 For L in {4096, 8192, 16384} tokens (grids 4x32x32, 8x32x32, 16x32x32; optionally the
 Wan 480p grid 21x30x52, L=32760, whose edge tiles are partial), B=1, 12 heads,

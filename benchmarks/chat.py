@@ -1,4 +1,4 @@
-"""Chat throughput: vidserve's continuous batching vs sequential transformers `generate` (issue 6).
+"""Chat throughput: vidserve's continuous batching vs sequential transformers `generate`.
 
 One random-weight Llama (built here, saved with vidserve's byte-level chat tokenizer into a temp
 folder, float32) serves the same requests two ways, one after the other so they never share the CPU:
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from api_overhead import start_server  # benchmarks/ is on sys.path: the same server start/stop as issue 3's
+from api_overhead import start_server  # benchmarks/ is on sys.path: the same server start/stop as api_overhead's
 
 # hidden 1024 x 8 layers (91M parameters): here one decode step takes ~25 ms for 1 sequence and ~60 ms
 # for 16, of which transformers' Python is ~2 ms (timed at hidden 64), so batching shares real compute,

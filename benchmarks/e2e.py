@@ -1,4 +1,4 @@
-"""End to end: vidserve's speed-ups against diffusers' own WanPipeline, on one model (issue 7).
+"""End to end: vidserve's speed-ups against diffusers' own WanPipeline, on one model.
 
     python benchmarks/e2e.py [--quick] [--runs R] [--steps S] [--cache JSON] [--vae thin|wan-tiny]
                              [--size WxH] [--frames N] [--json PATH]

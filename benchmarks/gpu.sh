@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU figures for issue 7 in one run on a lent CUDA machine (an H200: ~139 GiB, no network).
+# The GPU figures of benchmarks/RESULTS.md in one run on a CUDA machine (an H200: ~139 GiB, no network).
 #
 #   OUT=/tmp/out bash benchmarks/gpu.sh                 # from anywhere; PYTHON=... picks the interpreter
 #   SMALL=1 OUT=/tmp/out bash benchmarks/gpu.sh         # check this script on a CPU (tiny shapes, seconds)

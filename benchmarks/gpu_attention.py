@@ -1,4 +1,4 @@
-"""Triton block-sparse attention vs dense flash attention on a CUDA GPU (issue 4).
+"""Triton block-sparse attention vs dense flash attention on a CUDA GPU.
 
 Real Wan2.1-1.3B self-attention shapes: a 5 s 480p clip is a 21x30x52 latent token grid
 (L = 32760), 12 heads, head_dim 128, bf16, batch 1. For each density: dense SDPA (flash

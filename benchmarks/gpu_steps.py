@@ -1,4 +1,4 @@
-"""Seconds per denoising step of real-size Wan2.1 transformers on a CUDA GPU (issue 7).
+"""Seconds per denoising step of real-size Wan2.1 transformers on a CUDA GPU.
 
 Wan2.1-1.3B and Wan2.1-14B transformers (diffusers' `WanTransformer3DModel`, real configs,
 random bf16 weights: speed does not depend on the weights' values) at 480x832, 81 frames:

@@ -1,4 +1,4 @@
-"""Prompt adherence of the trained shapes-world models (issue 9), scored without a learned judge.
+"""Prompt adherence of the trained shapes-world models, scored without a learned judge.
 
     python benchmarks/shapes_eval.py            # everything, 6-15 min on 2 CPU cores
     python benchmarks/shapes_eval.py --only t2v,vlm --prompts 20
@@ -139,9 +139,9 @@ def run_vae(specs: list) -> dict:
 
 def run_chain(settings: Settings, specs: list, chunks: int, start: str, drift_correction: str,
               first_seed: int = 0) -> dict:
-    """5-chunk chains from the first frame of a held-out clip (start="image", what point 2 of
-    issue 9 asks: do later chunks keep the given frame's shape and colour?) or from the prompt
-    alone (start="text", where chunk 1 is a t2v clip and carries t2v's misses down the chain)."""
+    """5-chunk chains from the first frame of a held-out clip (start="image": do later chunks keep
+    the given frame's shape and colour?) or from the prompt alone (start="text", where chunk 1
+    is a t2v clip and carries t2v's misses down the chain)."""
     per_chunk: list[list[dict]] = [[] for _ in range(chunks)]
     drift: list[list[dict]] = [[] for _ in range(chunks)]
     chunk_clips: list[list] = [[] for _ in range(chunks)]

@@ -1,10 +1,10 @@
 """PSNR of a wan-tiny video made with top-k sparse attention against the dense video of the
-same seed (issue 4): how far the sparse path moves a whole denoising run, not one layer.
+same seed: how far the sparse path moves a whole denoising run, not one layer.
 
     python benchmarks/topk_video.py [--size 256x256] [--frames 33] [--steps 8] [--json PATH]
 
 wan-tiny has random weights, so this measures numerical fidelity of the pipeline wiring
-(the trained-model quality question needs real weights or issue 9's trained models).
+(quality with trained weights is benchmarks/shapes_eval.py's question, on the shapes-world models).
 """
 
 from __future__ import annotations

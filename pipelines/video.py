@@ -26,28 +26,12 @@ from vidserve.registry import SERVING_FILE, ModelSpec
 from vidserve.requests import GenerationRequest
 
 from .attention import SparseAttention
+from .devices import placement
+from .fetch import fetching
 from .speedups import prepare, step_cache, transformers_of
 from .tiny import build_tiny_pipeline
 
 StepCallback = Callable[[int, int], None]  # (steps done, total steps); may raise JobCancelled
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}") from None
-
 
 @dataclass
 class GenerationResult:
@@ -71,7 +55,8 @@ def _from_pretrained(source: str, spec: ModelSpec, dtype: torch.dtype) -> Diffus
     # The VAE and CLIP image encoder stay in float32, as Wan's authors run them: they are
     # small, and their precision is what the decoded frames show.
     dtypes = {"default": dtype, "vae": torch.float32, "image_encoder": torch.float32}
-    pipe = DiffusionPipeline.from_pretrained(source, dtype=dtypes)
+    with fetching(source):
+        pipe = DiffusionPipeline.from_pretrained(source, dtype=dtypes)
     if "flow_shift" in pipe.scheduler.config and pipe.scheduler.config.flow_shift != spec.flow_shift:
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=spec.flow_shift)
     return pipe
@@ -119,7 +104,6 @@ class VideoPipeline:
             generator=torch.Generator("cpu").manual_seed(request.seed),
             max_sequence_length=self.spec.text_tokens,
             output_type="np",
-            **request.options,
         )
         if request.image is not None:
             # Crop to the requested aspect instead of letting the pipeline stretch the image.
@@ -156,8 +140,7 @@ _load_lock = threading.Lock()
 def get_pipeline(spec: ModelSpec, device: str = "auto", dtype: str = "auto",
                  options: LoadOptions = LoadOptions()) -> VideoPipeline:
     """The resident pipeline for this model (and load options), loading it on first use."""
-    torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    torch_device, torch_dtype = placement(device, dtype, options)
     key = (spec.source if not spec.builtin else spec.name, str(torch_device), str(torch_dtype), options)
     with _load_lock:
         if key not in _loaded:

@@ -6,10 +6,10 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from typing import Iterator
 
 import pytest
+from polling import eventually
 
 # The server's defaults are the trained shapes-world models; the suite runs on the random
 # tiny ones (seconds per clip, noise frames) unless a test names a model, as the
@@ -49,11 +49,13 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 10
-        while not _pongs(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"redis-server did not come up on port {port}:\n{log.read_text(errors='replace')}")
-            time.sleep(0.05)
+        def answering() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"redis-server exited:\n{log.read_text(errors='replace')}")
+            assert _pongs(port), f"its log so far:\n{log.read_text(errors='replace')}"
+            return True
+
+        eventually(answering, timeout=10, what=f"redis-server to answer PING on port {port}")
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()

@@ -9,9 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
+
+from polling import eventually
 
 
 def free_port() -> int:
@@ -38,12 +39,18 @@ class VidserveProcess:
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
+    def fail_if_exited(self) -> None:
+        """Waiting on a process that has died could only time out: fail at once, with its log."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.args[0]} exited with code {self.proc.returncode}:\n{self.logs()}")
+
     def wait_for_log(self, text: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.log.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.args[0]} never logged {text!r}:\n{self.logs()}")
-            time.sleep(0.2)
+        def logged() -> bool:
+            self.fail_if_exited()
+            assert text in self.log.read_text(errors="replace"), f"its log so far:\n{self.logs()}"
+            return True
+
+        eventually(logged, timeout=timeout, interval=0.2, what=f"{self.args[0]} to log {text!r}")
 
     def kill(self) -> None:
         """SIGKILL: what a crashed GPU or an OOM killer does to a worker."""
@@ -70,17 +77,17 @@ class Server(VidserveProcess):
 
     def start(self, timeout: float = 60) -> "Server":
         super().start()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
+
+        def ready() -> bool:
+            self.fail_if_exited()
+            try:  # not listening yet, or a 503 until its job store and queue are up
                 with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not become ready:\n{self.logs()}")
-            time.sleep(0.2)
+                    return response.status == 200
+            except OSError as exc:
+                raise AssertionError(f"/readyz: {exc}; its log so far:\n{self.logs()}") from exc
+
+        eventually(ready, timeout=timeout, interval=0.2, what=f"the server on port {self.port} to be ready")
+        return self
 
 
 class Worker(VidserveProcess):

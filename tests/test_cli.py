@@ -1,13 +1,16 @@
 """The `vidserve` command as a user runs it: real processes, real MP4s, exit codes."""
 
 import json
+import os
 import subprocess
 import sys
+from importlib.metadata import version
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from vidserve import cli
 from vidserve.media import read_video
 
 FOX = ["generate", "a red fox in snow", "--size", "64x64", "--seconds", "2", "--fps", "16", "--steps", "4", "-q"]
@@ -81,6 +84,11 @@ BAD_INPUTS = {
     "steps not a number": lambda tmp: ["--steps", "many"],
     "unknown model": lambda tmp: ["--model", "no-such-model"],
     "i2v without image": lambda tmp: ["--model", "wan-tiny-i2v"],
+    "unknown dtype": lambda tmp: ["--dtype", "bogus"],
+    "malformed device": lambda tmp: ["--device", "gpu0"],
+    "offload on the CPU": lambda tmp: ["--model", "wan-tiny", "--device", "cpu", "--offload", "model"],
+    "fp8 on the CPU": lambda tmp: ["--model", "wan-tiny", "--device", "cpu", "--quantization", "fp8"],
+    "unknown option": lambda tmp: ["--model", "wan-tiny", "--bogus"],
 }
 
 
@@ -94,6 +102,42 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("vidserve: error: "), result.stderr
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_an_unknown_option_points_to_the_subcommands_help(tmp_path):
+    result = vidserve("worker", "--model", "wan-tiny", "--gpus", "2")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "vidserve: error: unrecognized arguments: --gpus 2 (see 'vidserve worker --help')"
+
+
+def test_a_model_neither_cached_nor_downloadable_is_one_line_saying_how_to_get_it(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run([sys.executable, "-m", "vidserve.cli", "generate", "a fox", "--model", "Wan2.1-T2V-1.3B",
+                             "--frames", "5", "--size", "64x64", "-q", "-o", str(tmp_path / "x.mp4")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "vidserve: error: model Wan-AI/Wan2.1-T2V-1.3B-Diffusers is not in the local cache and could not be "
+        "downloaded: fetch it with `hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers` where there is internet "
+        "(HF_HOME picks the cache), or pass a local diffusers folder")
+    assert "Traceback" not in result.stderr
+
+
+def test_every_option_has_help_with_defaults_as_values():
+    parser = cli.build_parser()
+    subcommands = parser._subparsers._group_actions[0].choices
+    assert set(subcommands) == {"generate", "serve", "worker", "models", "export-tiny"}
+    for name, sub in subcommands.items():
+        for action in sub._actions:
+            assert action.help, f"vidserve {name} {action.dest} has no help"
+            assert "settings." not in action.help, f"vidserve {name} {action.dest}: {action.help}"
+    generate_help = subcommands["generate"].format_help()
+    assert "(default: wan-tiny)" in generate_help  # conftest's VIDSERVE_DEFAULT_MODEL, the effective value
+
+
+def test_version():
+    result = vidserve("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"vidserve {version('vidserve')}"
 
 
 def test_models_lists_the_registry():

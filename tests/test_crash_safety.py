@@ -4,11 +4,11 @@ and ten jobs over two Celery workers each run exactly once."""
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import pytest
 from conftest import FAST_LEASE
+from polling import eventually
 from servers import Server, Worker
 
 from vidserve.jobstore_redis import RedisJobStore
@@ -16,14 +16,6 @@ from vidserve.jobstore_redis import RedisJobStore
 TINY = {"model": "wan-tiny", "size": "64x64", "num_frames": 33, "num_inference_steps": 4}
 # Long enough to be killed mid-run: ~100 steps of a few tens of ms.
 LONG = {"model": "wan-tiny", "size": "128x128", "num_frames": 81, "num_inference_steps": 100}
-
-
-def wait_until(check, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return result
 
 
 def video(url, video_id):
@@ -37,11 +29,11 @@ def submit(url, **body):
 
 
 def finished(url, video_id, what):
-    return wait_until(lambda: (v := video(url, video_id))["status"] in ("completed", "failed") and v, what=what)
+    return eventually(lambda: (v := video(url, video_id))["status"] in ("completed", "failed") and v, what=what)
 
 
 def kill_mid_job_and_restart(server, video_id, what):
-    wait_until(lambda: running_with_progress(server.url, video_id), what=what)
+    eventually(lambda: running_with_progress(server.url, video_id), what=what)
     server.kill()
     return Server(server.data_dir, env=FAST_LEASE).start()
 
@@ -71,7 +63,7 @@ def test_ten_jobs_on_two_workers_each_run_once(celery_env):
             videos = [video(server.url, i) for i in ids]
             return videos if all(v["status"] == "completed" for v in videos) else None
 
-        done = wait_until(all_completed, what="10 jobs")
+        done = eventually(all_completed, what="10 jobs")
         assert [v["attempts"] for v in done] == [1] * 10  # one claim each: no job ran twice
         ran_on = {record.worker_id for record in _records(env, ids)}
         assert ran_on <= {f"{socket.gethostname()}:{w.pid}" for w in workers}
@@ -89,10 +81,10 @@ def test_killed_worker_job_reruns_on_restart_and_api_restart_loses_nothing(celer
     try:
         long_id = submit(server.url, **LONG)
         queued_id = submit(server.url, **TINY)
-        wait_until(lambda: running_with_progress(server.url, long_id), what="the long job to run")
+        eventually(lambda: running_with_progress(server.url, long_id), what="the long job to run")
         worker.kill()
         # With its worker dead, the job must not stay in_progress: its lease lapses and it is queued again.
-        wait_until(lambda: video(server.url, long_id)["status"] == "queued", timeout=30, what="requeue")
+        eventually(lambda: video(server.url, long_id)["status"] == "queued", timeout=30, what="requeue")
 
         server.kill()  # and the API dies too; job records live in Redis
         server = Server(data, env=env, extra=["--queue", "celery"]).start()
@@ -102,7 +94,7 @@ def test_killed_worker_job_reruns_on_restart_and_api_restart_loses_nothing(celer
         replacement = Worker(data, "wan-tiny", env, "replacement").start()
         final = finished(server.url, long_id, "the rerun")
         assert final["status"] == "completed" and final["attempts"] == 2
-        assert wait_until(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
+        assert eventually(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
     finally:
         for w in (worker, replacement):
             if w:
@@ -119,7 +111,7 @@ def test_embedded_server_killed_mid_job_recovers_it_on_restart(tmp_path):
         server = kill_mid_job_and_restart(server, long_id, "the long job to run")
         final = finished(server.url, long_id, "the recovered job")
         assert final["status"] == "completed" and final["attempts"] == 2
-        assert wait_until(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
+        assert eventually(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
     finally:
         server.stop()
 

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from vidserve.drift import Anchor, SyntheticDriftGenerator, chain, color_stats, match_colors, measure
+from drift_doubles import SyntheticDriftGenerator
+from vidserve.drift import Anchor, chain, color_stats, match_colors, measure
 
 CHUNKS, FRAMES = 5, 9
 

@@ -10,10 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vidserve.jobs import (InvalidTransition, Job, JobError, JobStatus, cancelled, complete, fail, recover,
-                           request_cancel, start)
+from vidserve.jobs import (InvalidTransition, Job, JobError, JobNotFound, JobStatus, LeaseLost, cancelled, complete,
+                           fail, heartbeat, recover, request_cancel, start)
 from vidserve.jobstore_redis import RedisJobStore
 from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.options import AttentionOptions, CacheOptions
+from vidserve.params import JobParams
 from vidserve.storage import LocalStorage
 
 LOST_RACE = 3  # exit code of a child process whose start() was refused
@@ -29,8 +31,12 @@ def store(request, tmp_path):
     s.close()
 
 
+PARAMS = JobParams(width=64, height=64, num_frames=17, fps=16, steps=4, guidance=5.0, seed=7, chunk_frames=(17,),
+                   seconds="1")
+
+
 def new_job(**fields) -> Job:
-    return Job(**{"model": "wan-tiny", "prompt": "a cat", **fields})
+    return Job(**{"model": "wan-tiny", "prompt": "a cat", "params": PARAMS, **fields})
 
 
 def ids(jobs: list[Job]) -> list[str]:
@@ -40,7 +46,9 @@ def ids(jobs: list[Job]) -> list[str]:
 def test_create_get_round_trip(store):
     job = new_job(
         status=JobStatus.failed, progress=40, started_at=1.5, completed_at=2.25,
-        params={"seconds": 4, "size": "832x480", "seed": 7, "nested": {"a": [1, 2.5, None]}},
+        params=PARAMS.model_copy(update={"prompts": ("one", "two"), "chunk_frames": (17, 17), "source_frames": 5,
+                                         "attention": AttentionOptions(mode="topk", tile=(2, 4, 4)),
+                                         "cache": CacheOptions(kind="first_block", threshold=0.1)}),
         input_image_key="video_x/input.png", outputs={"video": "video_x/video.mp4"},
         error=JobError(code="oom", message="out of memory"), attempts=2, max_attempts=3, worker_id="w1",
         lease_expires_at=99.0, cancel_requested=True, timings={"denoise": 1.25}, idempotency_key="k1",
@@ -100,7 +108,7 @@ def test_list_pages_in_both_orders(store):
     assert (ids(page), more) == (j[3:], False)
     assert ids(store.list(limit=5)[0]) == j[::-1] and not store.list(limit=5)[1]
 
-    with pytest.raises(KeyError):
+    with pytest.raises(JobNotFound):
         store.list(after="video_missing")
 
 
@@ -109,7 +117,7 @@ def test_start_complete(store):
     running = store.update(job.id, start("w1", lease_seconds=60))
     assert (running.status, running.attempts, running.worker_id) == (JobStatus.in_progress, 1, "w1")
     assert running.lease_expires_at > running.started_at
-    done = store.update(job.id, complete({"video": f"{job.id}/video.mp4"}, {"total": 3.0}))
+    done = store.update(job.id, complete("w1", {"video": f"{job.id}/video.mp4"}, {"total": 3.0}))
     assert (done.status, done.progress, done.outputs) == (JobStatus.completed, 100, {"video": f"{job.id}/video.mp4"})
     assert done.lease_expires_at is None
     assert store.get(job.id) == done
@@ -118,7 +126,7 @@ def test_start_complete(store):
 def test_fail(store):
     job = store.create(new_job())[0]
     store.update(job.id, start("w1", 60))
-    failed = store.update(job.id, fail("oom", "out of memory"))
+    failed = store.update(job.id, fail("w1", "oom", "out of memory"))
     assert failed.status is JobStatus.failed and failed.error == JobError(code="oom", message="out of memory")
     assert store.get(job.id) == failed
 
@@ -133,7 +141,7 @@ def test_cancel_running_waits_for_the_worker(store):
     store.update(job.id, start("w1", 60))
     asked = store.update(job.id, request_cancel)
     assert (asked.status, asked.cancel_requested) == (JobStatus.in_progress, True)
-    assert store.update(job.id, cancelled).status is JobStatus.cancelled
+    assert store.update(job.id, cancelled("w1")).status is JobStatus.cancelled
     assert store.with_status([JobStatus.cancelled]) == [store.get(job.id)]
 
 
@@ -141,14 +149,43 @@ def test_invalid_transition_leaves_the_record_unchanged(store):
     job = store.create(new_job())[0]
     before = store.update(job.id, request_cancel)
     with pytest.raises(InvalidTransition):
-        store.update(job.id, complete({}, {}))
+        store.update(job.id, complete("w1", {}, {}))
     assert store.get(job.id) == before
     assert store.with_status([JobStatus.completed]) == []
 
 
 def test_update_missing_job(store):
-    with pytest.raises(KeyError):
+    with pytest.raises(JobNotFound):
         store.update("video_missing", request_cancel)
+
+
+def test_a_worker_that_lost_its_job_changes_nothing(store):
+    job = store.create(new_job(max_attempts=3))[0]
+    store.update(job.id, start("w1", 60))
+    store.update(job.id, recover)  # w1's lease lapsed: queued again
+    for change in (heartbeat("w1", 60), complete("w1", {}, {}), fail("w1", "x", "y"), cancelled("w1")):
+        with pytest.raises(LeaseLost):
+            store.update(job.id, change)
+    store.update(job.id, start("w2", 60))
+    with pytest.raises(LeaseLost):  # now another worker's
+        store.update(job.id, complete("w1", {}, {}))
+    assert store.get(job.id).status is JobStatus.in_progress
+
+
+def test_records_written_before_typed_params_still_load(store):
+    """A record whose params is the plain dict older servers wrote (no cache, prompt_extend,
+    caption_chain; attention as a dict) reads as typed parameters with their defaults."""
+    old = new_job().model_dump(mode="json")
+    old["params"] = {"seconds": "2", "width": 64, "height": 64, "num_frames": 33, "fps": 16, "steps": 4,
+                     "guidance": 5.0, "seed": 3, "negative_prompt": "", "chunk_frames": [33], "prompts": [],
+                     "drift_correction": "none", "attention": {"mode": "topk", "density": 0.25},
+                     "source_frames": 0}
+    loaded = Job.model_validate(old)
+    store.create(loaded)
+    params = store.get(loaded.id).params
+    assert (params.num_frames, params.chunk_frames, params.drift_correction) == (33, (33,), "none")
+    assert (params.attention.mode, params.attention.density) == ("topk", 0.25)
+    assert params.cache == CacheOptions() and params.prompt_extend is False
 
 
 def test_recover_requeues_then_fails(store):
@@ -227,7 +264,7 @@ def test_delete(store):
     assert store.get(gone.id) is None
     assert ids(store.list()[0]) == [keep.id]
     assert ids(store.with_status([JobStatus.queued])) == [keep.id]
-    with pytest.raises(KeyError):
+    with pytest.raises(JobNotFound):
         store.update(gone.id, request_cancel)
     assert store.create(new_job(idempotency_key="k"))[1]  # the key is free again
 
@@ -242,10 +279,18 @@ def test_storage_round_trip(tmp_path):
     src.write_bytes(b"mp4 data")
     assert storage.put_file("video_a/video.mp4", src) == "video_a/video.mp4"
     assert not src.exists()  # moved, not copied
-    assert storage.path("video_a/video.mp4").read_bytes() == b"mp4 data"
+    assert storage.read_bytes("video_a/video.mp4") == b"mp4 data"
+    assert storage.size("video_a/video.mp4") == len(b"mp4 data")
+    with storage.open("video_a/video.mp4") as file:
+        file.seek(4)
+        assert file.read() == b"data"
+    assert storage.copy("video_a/video.mp4", "video_b/source.mp4") == "video_b/source.mp4"
+    assert storage.read_bytes("video_b/source.mp4") == b"mp4 data"
     assert storage.exists("video_a/thumbnail.webp") and not storage.exists("video_a/missing.mp4")
     storage.put_bytes("video_a/thumbnail.webp", b"new")  # replaces
-    assert storage.path("video_a/thumbnail.webp").read_bytes() == b"new"
+    assert storage.read_bytes("video_a/thumbnail.webp") == b"new"
+    with pytest.raises(FileNotFoundError):
+        storage.size("video_a/missing.mp4")
     assert sorted(p.name for p in (tmp_path / "files" / "video_a").iterdir()) == ["thumbnail.webp", "video.mp4"]
 
 
@@ -264,7 +309,7 @@ def test_storage_delete_prefix(tmp_path):
 def test_storage_rejects_bad_keys(tmp_path, key):
     storage = LocalStorage(tmp_path)
     with pytest.raises(ValueError):
-        storage.path(key)
+        storage.open(key)
     with pytest.raises(ValueError):
         storage.put_bytes(key, b"x")
     with pytest.raises(ValueError):

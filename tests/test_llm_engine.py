@@ -9,6 +9,7 @@ import threading
 import jsonschema
 import pytest
 from PIL import Image
+from polling import eventually
 
 from vidserve.chat import ChatImage
 from vidserve.errors import EngineOverloaded, InvalidRequest
@@ -83,9 +84,7 @@ def test_eight_concurrent_requests_share_decode_steps_and_match_solo_runs(model)
         engine.submit(prompts[i], params(max_tokens=32, seed=i, ignore_eos=True), on_output=outputs[i].append)
     engine.start()
     try:
-        deadline = threading.Event()
-        while not all(outs and outs[-1].finished for outs in outputs.values()):
-            deadline.wait(0.01)
+        eventually(lambda: all(outs and outs[-1].finished for outs in outputs.values()), what="all eight")
         assert all(outs[-1].completion_tokens == 32 for outs in outputs.values())
         # 8 x 31 decoded tokens (the first comes from the prefill) in 31 shared steps, not 248.
         assert engine.decode_steps == 31
@@ -110,8 +109,10 @@ def test_sequences_join_and_leave_between_steps_without_changing_results(engine,
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:
+        steps = engine.decode_steps
         t.start()
-        threading.Event().wait(0.003)  # staggered arrivals: some join a batch already decoding
+        # Staggered arrivals: the next comes only after a decode step since this one, so some join mid-run.
+        eventually(lambda: engine.decode_steps > steps, interval=0.001, what="the request to start decoding")
     for t in threads:
         t.join()
     assert results == solo
@@ -182,8 +183,7 @@ def test_fifty_structured_generations_from_a_random_model_all_parse_and_validate
         outputs[i], schemas[i] = [], schema
         engine.submit(text_prompt(model, f"answer {i}"), SamplingParams(max_tokens=400, seed=i), grammar,
                       on_output=outputs[i].append)
-    while not all(outs and outs[-1].finished for outs in outputs.values()):
-        threading.Event().wait(0.02)
+    eventually(lambda: all(outs and outs[-1].finished for outs in outputs.values()), what="all fifty")
     for i, text in collect(outputs).items():
         assert outputs[i][-1].finish_reason == "stop", (i, text)
         jsonschema.validate(json.loads(text), schemas[i])
@@ -196,8 +196,7 @@ def test_abort_frees_the_slot(model):
         finished = threading.Event()
         long = engine.submit(text_prompt(model), params(max_tokens=2000, ignore_eos=True),
                              on_output=lambda o: o.finished and finished.set())
-        while not long.output_ids:
-            threading.Event().wait(0.005)
+        eventually(lambda: long.output_ids, what="the first token")
         engine.abort(long)
         assert finished.wait(5)
         assert long.finish_reason == "abort"

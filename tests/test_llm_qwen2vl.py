@@ -15,8 +15,9 @@ from vidserve.options import RepetitionOptions
 from vidserve.pipelines.llm.engine import LLMEngine
 from vidserve.pipelines.llm.model import ChatModel
 from vidserve.pipelines.llm.sequence import SamplingParams
-from vidserve.pipelines.llm.tiny import build_tiny_qwen2vl
 from vidserve.registry import resolve_chat
+
+from tiny_qwen2vl import build_tiny_qwen2vl
 
 GREEDY = dict(temperature=0, repetition=RepetitionOptions(enabled=False))
 

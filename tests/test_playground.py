@@ -97,6 +97,28 @@ def focused_id(page) -> str:
     return page.evaluate("document.activeElement.id")
 
 
+SHOWN = """s => {  // a video's or image's own size, the size it is shown at, and how it is scaled
+    const media = document.querySelector(s), box = media.getBoundingClientRect();
+    return {width: media.videoWidth ?? media.naturalWidth, height: media.videoHeight ?? media.naturalHeight,
+            shown: [box.width, box.height], rendering: getComputedStyle(media).imageRendering};
+}"""
+
+
+def assert_pixel_scaled(page, selector: str, factor: int, crisp: bool = True) -> None:
+    """A small clip or still is shown `factor` times its own size, in both directions, with crisp pixels."""
+    expected = None
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while time.monotonic() < deadline:  # the size is set once the media's own size is known
+        media = page.evaluate(SHOWN, selector)
+        expected = [media["width"] * factor, media["height"] * factor]
+        if media["width"] and all(abs(a - b) < 1 for a, b in zip(media["shown"], expected)):
+            break
+        page.wait_for_timeout(50)
+    assert media["width"] and all(abs(a - b) < 1 for a, b in zip(media["shown"], expected)), (selector, media)
+    if crisp:
+        assert media["rendering"] == "pixelated", (selector, media)
+
+
 def assert_not_blank(png: Path, min_side: int = 64) -> None:
     assert png.stat().st_size > 1000, png
     with Image.open(png) as image:
@@ -174,11 +196,15 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
     wait_until(page, "document.querySelector('#live-chunks video').duration > 0")
     assert "denoise" in page.text_content("#live-timings")
     assert page.get_attribute("#live-download", "download") == f"{job_id}.mp4"
+    # The 64x64 clip fills the panel by a whole factor, up to 480 px high; the chunk is 3x.
+    assert_pixel_scaled(page, "#live-video", 7)
+    assert_pixel_scaled(page, "#live-chunks video", 3)
 
     row = page.locator(f"#gallery-rows tr[data-id='{job_id}']")
     row.locator("td.status.completed").wait_for()
     assert "denoise" in row.text_content() and "luma" in row.text_content()
     row.locator("img").wait_for()
+    assert_pixel_scaled(page, f"#gallery-rows tr[data-id='{job_id}'] img", 2)
 
     page.evaluate("document.querySelector('#live-video').pause()")
     shots = tmp_path / "job-completed.png", tmp_path / "job-video.png"
@@ -231,6 +257,62 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
     assert focused_id(page) == "live-h"
     wait_until(page, "document.querySelector('#live-video').duration > 0")
     assert page.locator("#live-chunks li").count() == 1
+
+
+def test_small_media_keep_their_shape_when_scaled(servers, page):
+    """fitPixels on a 96x80 still: the largest whole factor that fits the room, the aspect ratio kept."""
+    server, _ = servers
+    page.goto(server.url)
+    page.evaluate("""async () => {
+        const { fitPixels } = await import("./static/ui.js");
+        const canvas = Object.assign(document.createElement("canvas"), { width: 96, height: 80 });
+        const blob = await new Promise((resolve) => canvas.toBlob(resolve));
+        const box = document.createElement("div");
+        box.style.width = "500px";
+        const img = fitPixels(Object.assign(document.createElement("img"), { id: "probe", alt: "" }), 480);
+        box.append(img);
+        document.body.prepend(box);
+        img.src = URL.createObjectURL(blob);
+    }""")
+    # 5 x 96 = 480 fits the 500 px box (6 x 80 = 480 would fit the height). The page's own stills and
+    # clips are checked for crisp pixels in the job test; this one is outside the styled elements.
+    assert_pixel_scaled(page, "#probe", 5, crisp=False)
+
+
+def test_gallery_shows_loading_then_the_list_or_the_error(servers, page):
+    server, _ = servers
+    with urllib.request.urlopen(f"{server.url}/v1/videos?limit=10") as response:
+        count = len(json.load(response)["data"])
+    held = []  # the list requests, kept waiting until the test lets them go
+    is_list = lambda url: urlsplit(url).path == "/v1/videos"  # noqa: E731
+    page.route(is_list, lambda route: held.append(route))
+    page.goto(server.url)
+    rows = "#gallery-rows"
+    while not held:
+        page.wait_for_timeout(50)
+    assert page.text_content(rows) == "Loading videos…"
+    assert page.get_attribute(rows, "aria-busy") == "true"
+    assert page.is_hidden("#gallery-error")
+    page.wait_for_timeout(300)  # still loading for as long as the answer takes
+    assert page.text_content(rows) == "Loading videos…"
+
+    for route in held:
+        route.continue_()
+    page.unroute(is_list)
+    wait_until(page, "!document.querySelector('#gallery-rows').hasAttribute('aria-busy')")
+    if count:
+        assert page.locator(f"{rows} tr[data-id]").count() == count
+        assert "Loading" not in page.text_content(rows)
+    else:
+        assert page.text_content(rows) == "No videos yet."
+
+    # A list that fails to load says so, in the table and with the API's message above it.
+    page.route(is_list, lambda route: route.fulfill(status=503, json={"error": {"message": "the job store is down"}}))
+    page.reload()
+    page.wait_for_selector("#gallery-error:not([hidden])")
+    assert "the job store is down" in page.text_content("#gallery-error")
+    assert page.text_content(rows) == "Could not load videos."
+    assert page.get_attribute(rows, "aria-busy") is None
 
 
 def test_chat_streams_an_answer(servers, page, tmp_path):
@@ -294,7 +376,7 @@ def test_keyed_server_asks_for_the_key(servers, page, tmp_path):
     page.keyboard.type(KEY)
     page.keyboard.press("Enter")
     wait_until(page, "document.querySelector('#model').options.length > 1")
-    wait_until(page, "document.querySelector('#page-info').textContent === 'No jobs yet.'")
+    wait_until(page, "document.querySelector('#gallery-rows').textContent === 'No videos yet.'")
     assert page.is_hidden("#job-error") and page.is_hidden("#gallery-error")
     assert "no chat model" in page.text_content("#chat-model")
     assert page.is_disabled("#chat-input")

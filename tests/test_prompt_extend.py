@@ -5,11 +5,11 @@ continuation chunk starts from; embedded servers call their engine, workers call
 from __future__ import annotations
 
 import io
-import time
 
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
+from polling import eventually
 from servers import Server
 
 from vidserve.api.app import create_app
@@ -25,10 +25,12 @@ def api(tmp_path_factory):
 
 
 def finished(client, video_id: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while (video := client.get(f"/v1/videos/{video_id}").json())["status"] in ("queued", "in_progress"):
-        assert time.monotonic() < deadline, video
-        time.sleep(0.05)
+    def settled() -> dict:
+        video = client.get(f"/v1/videos/{video_id}").json()
+        assert video["status"] not in ("queued", "in_progress"), video
+        return video
+
+    video = eventually(settled, timeout=timeout, what=f"{video_id} to finish")
     assert video["status"] == "completed", video
     return video
 

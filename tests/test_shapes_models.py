@@ -1,4 +1,4 @@
-"""The trained shapes-world models (issue 9): the committed weights load through the same
+"""The trained shapes-world models: the committed weights load through the same
 code as real checkpoints, and the training scripts run end to end. How well they follow
 prompts is measured by benchmarks/shapes_eval.py (figures in benchmarks/RESULTS.md)."""
 

@@ -2,7 +2,7 @@
 
 The generator must be reproducible and keep its held-out split honest; the scorer must read
 back what the generator drew, also through the noise and blur a generative model adds,
-since issue 9's eval trusts it to grade model outputs.
+since benchmarks/shapes_eval.py trusts it to grade model outputs.
 """
 
 import itertools

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from vidserve.api.app import create_app
 from vidserve.config import Settings
-from vidserve.errors import InvalidRequest
+from vidserve.errors import InvalidRequest, VidserveError
 from vidserve.options import CacheOptions, LoadOptions
 from vidserve.pipelines.speedups import quantizable
 from vidserve.pipelines.video import get_pipeline
@@ -96,9 +96,9 @@ def test_int8_quantizes_the_blocks_but_not_modulation_or_output(pipeline):
 
 
 def test_fp8_and_offload_need_a_gpu():
-    with pytest.raises(ValueError, match="CUDA"):
+    with pytest.raises(VidserveError, match="CUDA"):
         get_pipeline(SPEC, "cpu", "float32", LoadOptions(quantization="fp8"))
-    with pytest.raises(ValueError, match="between CPU and GPU"):
+    with pytest.raises(VidserveError, match="between CPU and GPU"):
         get_pipeline(SPEC, "cpu", "float32", LoadOptions(offload="model"))
 
 

@@ -13,6 +13,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from polling import eventually
 
 from vidserve.webhooks import WebhookSender, generate_secret, sign, verify
 
@@ -82,9 +83,10 @@ def no_proxy(monkeypatch):
 
 
 class Receiver:
-    """A real HTTP server on 127.0.0.1 that answers with scripted statuses, then `default`."""
+    """A real HTTP server on 127.0.0.1 that answers with scripted statuses, then `default`;
+    given `hold_until`, it holds each request open until that event is set."""
 
-    def __init__(self, statuses=(), default=200, delay_s=0.0):
+    def __init__(self, statuses=(), default=200, hold_until: threading.Event | None = None):
         self.statuses = list(statuses)
         self.requests: list[tuple[dict, bytes]] = []
         receiver = self
@@ -93,7 +95,8 @@ class Receiver:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["content-length"]))
                 receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                time.sleep(delay_s)
+                if hold_until is not None:
+                    hold_until.wait(timeout=10)  # bounded: a send that waits on its delivery fails, not hangs
                 self.send_response(receiver.statuses.pop(0) if receiver.statuses else default)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -122,13 +125,6 @@ def receiver():
     yield make
     for r in made:
         r.close()
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.005)
 
 
 def test_retries_503_with_same_id_and_body_then_delivers(receiver):
@@ -175,26 +171,29 @@ def test_connection_errors_are_retried_then_given_up(caplog):
     assert "giving up after 3 attempt" in caplog.text
 
 
-def test_send_returns_immediately_while_receiver_is_slow(receiver):
-    r = receiver(delay_s=1.0)
+def test_send_returns_while_the_receiver_has_not_answered(receiver):
+    answer = threading.Event()
+    r = receiver(hold_until=answer)
     sender = WebhookSender(SECRET, base_delay_s=0.01)
-    for _ in range(2):  # the second send happens while the first delivery is in flight
-        start = time.perf_counter()
-        sender.send(r.url, "video.completed", VIDEO)
-        assert time.perf_counter() - start < 0.05
-        wait_for(lambda: r.requests)
+    sender.send(r.url, "video.completed", VIDEO)
+    eventually(lambda: r.requests, what="the first delivery to reach the receiver")
+    sender.send(r.url, "video.completed", VIDEO)  # while the first delivery is in flight
+    assert sender.delivered == 0  # both sends came back before the receiver answered either
+    answer.set()
     sender.close(timeout=5)
     assert sender.delivered == 2
 
 
 def test_retry_backoff_does_not_hold_up_other_events(receiver):
     flaky, ok = receiver(default=503), receiver()
-    sender = WebhookSender(SECRET, max_attempts=2, base_delay_s=0.5)
+    # The retry is due 1-2 s after the first attempt fails, far longer than a delivery on loopback
+    # takes: the other event can go out first only if the backoff does not block the sender.
+    sender = WebhookSender(SECRET, max_attempts=2, base_delay_s=2.0)
     sender.send(flaky.url, "video.failed", VIDEO)
-    wait_for(lambda: flaky.requests)
+    eventually(lambda: flaky.requests, what="the first attempt")
     sender.send(ok.url, "video.completed", VIDEO)
-    wait_for(lambda: sender.delivered == 1, timeout=0.2)  # well before the flaky retry is due
-    assert len(flaky.requests) == 1
+    eventually(lambda: sender.delivered == 1, what="the other event")
+    assert len(flaky.requests) == 1  # the other event went out while the retry waited
     sender.close(timeout=5)
     assert (len(flaky.requests), sender.delivered, sender.failed) == (2, 1, 1)
 
@@ -214,11 +213,9 @@ def test_close_drops_retries_due_after_the_deadline(receiver):
     r = receiver(default=503)
     sender = WebhookSender(SECRET, base_delay_s=30)
     sender.send(r.url, "video.completed", VIDEO)
-    wait_for(lambda: r.requests)
-    start = time.monotonic()
+    eventually(lambda: r.requests, what="the first attempt")
     sender.close(timeout=2)
-    assert time.monotonic() - start < 1  # gives up at once rather than waiting out the timeout
-    assert (sender.delivered, sender.failed) == (0, 1)
+    assert len(r.requests) == 1 and (sender.delivered, sender.failed) == (0, 1)
 
 
 @pytest.mark.parametrize("url", ["ftp://example.com/x", "file:///etc/passwd", "example.com/hook", "http:///nohost"])

@@ -1,1 +1,2 @@
-"""Groundwork for issue 9: a procedural "shapes world" to train small video models on, and a classical scorer for their outputs."""
+"""Training the small video and vision-language models of a procedural "shapes world", and a classical scorer for
+their outputs."""

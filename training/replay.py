@@ -1,13 +1,13 @@
 """Retrain wan-shapes from scratch as the committed weights were trained: `python -m training.replay --out DIR`.
 
-Issue 9 asks that retraining with the committed scripts reproduce the committed figures. The
-committed weights went through many runs, some on a lent GPU and some stopped by a deadline
-(--max-seconds), so no single command remakes them; their logs (training/vae.json and
+Retraining with the committed scripts should reproduce the committed figures. The committed
+weights come from many runs, some on a GPU and some stopped by a deadline (--max-seconds),
+so no single command remakes them; their logs (training/vae.json and
 training/transformer.json in the model folder) keep the arguments of every run, in order, and
 where a deadline stopped each. This replays those runs into --out, each with --stop-at the step
 its deadline stopped it at, so a replay takes the same steps on any machine. The VAE's runs go
 first: after the first they train the decoder alone, while the transformer learns from the
-encoder's latents, so they need not interleave as they once did.
+encoder's latents, so the two models' runs need not interleave.
 
 On 2 CPU cores the whole recipe takes most of a day (the first run of each model was an H200's:
 --device cuda there); --dry-run prints the commands, --first N starts at the Nth command (1-based)

@@ -1,6 +1,6 @@
 """Classical (no learning) scorer for shapes-world clips: which shape, colour, motion, background.
 
-Why: benchmarks/shapes_eval.py and the issue-9 training runs grade generated clips against
+Why: benchmarks/shapes_eval.py and the training scripts grade generated clips against
 the prompt they were made from, automatically and reproducibly, without a learned judge that
 could share the generator's blind spots. The shapes world (training/shapes_world.py) is
 simple enough for hand-written rules, which are kept tolerant of what a generative model

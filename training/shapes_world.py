@@ -1,6 +1,6 @@
-"""The "shapes world": procedurally generated, exactly labelled text-video pairs (issue 9).
+"""The "shapes world": procedurally generated, exactly labelled text-video pairs.
 
-Why: a future training run needs unlimited clips a small model can learn on one GPU, and
+Why: training needs unlimited clips a small model can learn on one GPU, and
 benchmarks/shapes_eval.py needs prompts whose right answer is known, so that the classical
 scorer in training/shapes_score.py can grade generated clips without a learned judge.
 Everything is numpy and seeded: the same seed gives the same bytes, so a data set or an

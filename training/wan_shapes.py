@@ -1,4 +1,4 @@
-"""`wan-shapes`: the architecture and the shared pieces of its two training runs (issue 9).
+"""`wan-shapes`: the architecture and the shared pieces of its two training runs.
 
 A Wan2.2-TI2V-style model at shapes-world size: a causal `AutoencoderKLWan` (4x spatial,
 4x temporal, 8 latent channels), a `WanTransformer3DModel` whose first latent frame may be

@@ -5,7 +5,6 @@ from private, loopback or link-local addresses)."""
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import io
 import ipaddress
@@ -17,7 +16,7 @@ import httpx
 from PIL import Image
 
 from vidserve.errors import InvalidRequest
-from vidserve.media import load_image
+from vidserve.media import decode_data_url, load_image
 
 
 @dataclass(frozen=True)
@@ -64,15 +63,7 @@ def data_url(image: Image.Image) -> str:
 
 def _image_bytes(url: str, param: str, max_bytes: int, remote_images: bool) -> bytes:
     if url.startswith("data:"):
-        header, _, payload = url.partition(",")
-        if not header.endswith(";base64") or not payload:
-            raise InvalidRequest("an image data URL must look like data:image/png;base64,<data>", param=param)
-        if len(payload) * 3 // 4 > max_bytes:
-            raise InvalidRequest(f"the image is larger than the {max_bytes}-byte limit", param=param)
-        try:
-            return base64.b64decode(payload, validate=True)
-        except binascii.Error:
-            raise InvalidRequest("the image data URL is not valid base64", param=param) from None
+        return decode_data_url(url, param, max_bytes)
     scheme = urlsplit(url).scheme
     if scheme not in ("http", "https"):
         raise InvalidRequest("image_url must be a data: URL or an http(s) URL", param=param)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
-from vidserve.config import Settings, get_settings
-from vidserve.errors import VidserveError
+from pydantic import ValidationError
+
+from vidserve.config import DEVICE_PATTERN, DTYPE_NAMES, Settings, get_settings
+from vidserve.errors import VidserveError, from_validation_error
 
 PROG = "vidserve"
 
@@ -25,7 +29,18 @@ def _settings(args: argparse.Namespace) -> Settings:
     names = ("device", "dtype", "data_dir", "queue", "redis_url", "chat_model", "chat_url", "quantization", "compile",
              "offload", "vae_tiling")
     overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
-    return get_settings().model_copy(update=overrides)
+    try:
+        return Settings.model_validate({**get_settings().model_dump(), **overrides})
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+def _placed(settings: Settings) -> Settings:
+    """Settings whose device, dtype and load options can run here, checked before any work."""
+    from vidserve.pipelines.devices import placement
+
+    placement(settings.device, settings.dtype, settings.load)
+    return settings
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -54,22 +69,12 @@ def _cache_overrides(args: argparse.Namespace) -> dict | None:
     return overrides or None
 
 
-def _add_load_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quantization", choices=["none", "int8", "fp8"],
-                        help="weight-only quantization of the transformer blocks (torchao; fp8 needs CUDA)")
-    parser.add_argument("--compile", action="store_true", default=None,
-                        help="regional torch.compile of the transformer blocks (once per video size)")
-    parser.add_argument("--offload", choices=["none", "model", "group", "sequential"],
-                        help="keep weights in CPU memory, moving them to the GPU as needed (CUDA)")
-    parser.add_argument("--vae-tiling", action="store_true", default=None, help="decode frames in tiles")
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from vidserve.media import encode_mp4, load_image
     from vidserve.registry import resolve
     from vidserve.requests import build_request
 
-    settings = _settings(args)
+    settings = _placed(_settings(args))
     spec = resolve(args.model or settings.default_model)
     image = load_image(args.image, settings.max_image_pixels) if args.image else None
     request = build_request(
@@ -148,7 +153,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = _placed(_settings(args))
     if args.api_key:
         settings = settings.model_copy(update={"api_keys": ",".join(args.api_key)})
     if not settings.keys and not _is_loopback(args.host) and not args.allow_unauthenticated:
@@ -165,83 +170,127 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from vidserve.workers.celery_app import run_worker
 
-    return run_worker(_settings(args), args.model, metrics_port=args.metrics_port)
+    return run_worker(_placed(_settings(args)), args.model, metrics_port=args.metrics_port)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _device(value: str) -> str:
+    if not re.fullmatch(DEVICE_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not auto, cpu, cuda or cuda:N")
+    return value
+
+
+def _add_placement_flags(parser: argparse.ArgumentParser, settings: Settings) -> None:
+    parser.add_argument("--device", type=_device,
+                        help=f"auto (cuda if there is a GPU), cpu, cuda or cuda:N (default: {settings.device})")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES,
+                        help=f"weights' dtype; auto is bfloat16 on CUDA, float32 on CPU (default: {settings.dtype})")
+
+
+def _add_load_flags(parser: argparse.ArgumentParser, settings: Settings) -> None:
+    parser.add_argument("--quantization", choices=["none", "int8", "fp8"],
+                        help="weight-only quantization of the transformer blocks (torchao; fp8 needs CUDA) "
+                             f"(default: {settings.quantization})")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="regional torch.compile of the transformer blocks (once per video size)")
+    parser.add_argument("--offload", choices=["none", "model", "group", "sequential"],
+                        help="keep weights in CPU memory, moving them to the GPU as needed (CUDA) "
+                             f"(default: {settings.offload})")
+    parser.add_argument("--vae-tiling", action="store_true", default=None, help="decode frames in tiles")
+
+
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    """The command line; `settings` (the environment's) supply the defaults its help shows."""
+    s = settings or get_settings()
     parser = _Parser(prog=PROG, description="Video/diffusion inference server for open Wan models.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {version('vidserve')}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    gen = sub.add_parser("generate", help="render one clip to an MP4")
-    gen.add_argument("prompt")
-    gen.add_argument("--model", help="registry name or local diffusers folder (default: settings.default_model)")
-    gen.add_argument("--image", help="first frame for image-to-video models")
+    gen = sub.add_parser("generate", help="render one clip to an MP4", description="Render one clip to an MP4.")
+    gen.add_argument("prompt", help="what the video shows")
+    gen.add_argument("--model", help=f"registry name (see 'vidserve models') or local diffusers folder "
+                                     f"(default: {s.default_model})")
+    gen.add_argument("--image", help="first frame (PNG/JPEG) for image-to-video models")
     gen.add_argument("--size", help="WIDTHxHEIGHT, multiples of 16 (default: the model's native size)")
     length = gen.add_mutually_exclusive_group()
-    length.add_argument("--seconds", type=float, help="clip length; frames = 4*ceil(seconds*fps/4)+1")
-    length.add_argument("--frames", type=int, help="exact frame count, 4k+1")
-    gen.add_argument("--fps", type=int)
-    gen.add_argument("--steps", type=int, help="denoising steps")
-    gen.add_argument("--guidance", type=float, help="classifier-free guidance scale")
-    gen.add_argument("--seed", type=int)
-    gen.add_argument("--negative-prompt")
+    length.add_argument("--seconds", type=float,
+                        help="clip length; frames = 4*ceil(seconds*fps/4)+1 (default: one chunk of the model)")
+    length.add_argument("--frames", type=int, help="exact frame count, 4k+1 (instead of --seconds)")
+    gen.add_argument("--fps", type=int, help="frames per second (default: the model's)")
+    gen.add_argument("--steps", type=int, help="denoising steps (default: the model's)")
+    gen.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the model's)")
+    gen.add_argument("--seed", type=int, help="random seed, for a repeatable clip (default: a random one, printed)")
+    gen.add_argument("--negative-prompt", help="what the video should not show (default: none)")
     gen.add_argument("--chunk-prompt", action="append",
                      help="prompt for the next chunk of a long video (repeatable; later chunks use PROMPT)")
     gen.add_argument("--drift-correction", choices=["color", "none"], default="color",
                      help="match each chunk's colours to chunk 1 (default: color)")
-    gen.add_argument("--report", help="write a JSON report: chunks, frames, timings, drift metrics")
-    gen.add_argument("--attention", choices=["dense", "topk"], help="self-attention (default: server setting)")
-    gen.add_argument("--density", type=float, help="share of key tiles kept by --attention topk")
-    gen.add_argument("--dense-steps", type=int, help="first denoising steps that run dense")
+    gen.add_argument("--report", help="write a JSON report here: chunks, frames, timings, drift metrics")
+    gen.add_argument("--attention", choices=["dense", "topk"],
+                     help=f"self-attention (default: {s.attention.mode})")
+    gen.add_argument("--density", type=float,
+                     help=f"share of key tiles kept by --attention topk (default: {s.attention.density:g})")
+    gen.add_argument("--dense-steps", type=int,
+                     help=f"first denoising steps that run dense (default: {s.attention.dense_steps})")
     gen.add_argument("--cache", choices=["none", "first_block", "taylorseer"],
-                     help="step caching through diffusers' hooks (default: server setting)")
-    gen.add_argument("--cache-threshold", type=float, help="first_block: reuse a step below this change")
-    _add_load_flags(gen)
+                     help=f"step caching through diffusers' hooks (default: {s.cache.kind})")
+    gen.add_argument("--cache-threshold", type=float,
+                     help=f"first_block: reuse a step below this change (default: {s.cache.threshold:g})")
+    _add_load_flags(gen, s)
     gen.add_argument("-o", "--output", help="output MP4 path (default: vidserve-SEED.mp4)")
-    gen.add_argument("--device", help="auto, cpu, cuda, cuda:N")
-    gen.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    _add_placement_flags(gen, s)
     gen.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     gen.set_defaults(func=cmd_generate)
 
-    serve = sub.add_parser("serve", help="run the HTTP API (embedded queue by default: no services needed)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--data-dir", type=Path, help="job database and outputs (env VIDSERVE_DATA_DIR)")
-    serve.add_argument("--queue", choices=["embedded", "celery"], help="embedded (default) or celery")
-    serve.add_argument("--redis-url", help="Redis for --queue celery (env VIDSERVE_REDIS_URL)")
-    serve.add_argument("--api-key", action="append", help="accept this Bearer key (repeatable)")
+    serve = sub.add_parser("serve", help="run the HTTP API (embedded queue by default: no services needed)",
+                           description="Run the HTTP API: OpenAI-shaped /v1/videos and /v1/chat/completions.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    serve.add_argument("--data-dir", type=Path, help=f"job database and outputs (default: {s.data_dir})")
+    serve.add_argument("--queue", choices=["embedded", "celery"],
+                       help=f"embedded: jobs run in this process; celery: on 'vidserve worker's (default: {s.queue})")
+    serve.add_argument("--redis-url", help=f"Redis for --queue celery (default: {s.redis_url})")
+    serve.add_argument("--api-key", action="append", help="accept this Bearer key (repeatable; default: "
+                       + ("VIDSERVE_API_KEYS)" if s.keys else "none, no auth)"))
     serve.add_argument("--allow-unauthenticated", action="store_true",
                        help="serve a non-loopback address without API keys")
-    serve.add_argument("--device", help="auto, cpu, cuda, cuda:N (embedded queue)")
-    serve.add_argument("--dtype", help="auto, float32, bfloat16, float16")
-    serve.add_argument("--chat-model", help="chat model: name, hub id or folder; '' for none (default vlm-shapes)")
-    _add_load_flags(serve)
-    serve.add_argument("--log-level", default="info")
+    _add_placement_flags(serve, s)
+    serve.add_argument("--chat-model", help="chat model: name, hub id or folder; '' for none "
+                                            f"(default: {s.chat_model or 'none'})")
+    _add_load_flags(serve, s)
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                       help="server log level (default: info)")
     serve.set_defaults(func=cmd_serve)
 
-    worker = sub.add_parser("worker", help="run one Celery worker (one GPU, one model) for --queue celery")
+    worker = sub.add_parser("worker", help="run one Celery worker (one GPU, one model) for --queue celery",
+                            description="Run one Celery worker: it holds one model and takes only its jobs.")
     worker.add_argument("--model", required=True, help="the model this worker holds; it takes only its jobs")
-    worker.add_argument("--redis-url", help="broker and job store (env VIDSERVE_REDIS_URL)")
-    worker.add_argument("--data-dir", type=Path, help="shared outputs directory (env VIDSERVE_DATA_DIR)")
-    worker.add_argument("--device", help="auto, cpu, cuda, cuda:N")
-    worker.add_argument("--dtype", help="auto, float32, bfloat16, float16")
-    worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
-    worker.add_argument("--chat-url", help="chat endpoint for prompt_extend / caption_chain, e.g. http://api:8000/v1")
-    _add_load_flags(worker)
+    worker.add_argument("--redis-url", help=f"broker and job store (default: {s.redis_url})")
+    worker.add_argument("--data-dir", type=Path, help=f"shared outputs directory (default: {s.data_dir})")
+    _add_placement_flags(worker, s)
+    worker.add_argument("--metrics-port", type=int,
+                        help="serve this worker's Prometheus metrics on this port (default: none)")
+    worker.add_argument("--chat-url", help="chat endpoint for prompt_extend / caption_chain, e.g. "
+                                           f"http://api:8000/v1 (default: {s.chat_url or 'none'})")
+    _add_load_flags(worker, s)
     worker.set_defaults(func=cmd_worker)
 
-    models = sub.add_parser("models", help="list the model registry")
+    models = sub.add_parser("models", help="list the model registry", description="List the model registry.")
     models.set_defaults(func=cmd_models)
 
-    export = sub.add_parser("export-tiny", help="write a built-in tiny model as a diffusers folder")
-    export.add_argument("dir")
-    export.add_argument("--model", default="wan-tiny")
+    export = sub.add_parser("export-tiny", help="write a built-in tiny model as a diffusers folder",
+                            description="Write a built-in tiny model as a diffusers folder that --model loads.")
+    export.add_argument("dir", help="folder to write (must not exist or be empty)")
+    export.add_argument("--model", default="wan-tiny", help="built-in model to export (default: wan-tiny)")
     export.set_defaults(func=cmd_export_tiny)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's own parser says it, so the hint names its --help
+        subcommand = parser._subparsers._group_actions[0].choices[args.command]
+        subcommand.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
     except VidserveError as exc:

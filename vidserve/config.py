@@ -11,15 +11,23 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from vidserve.options import AttentionOptions, CacheOptions, LoadOptions
 
 
+# What --device and --dtype accept; pipelines/devices.py turns them into torch's.
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VIDSERVE_", extra="ignore")
 
     data_dir: Path = Field(Path("./data"), description="Job database, outputs and exported models live here.")
     default_model: str = Field("wan-shapes", description="Model used when a request names none.")
-    device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:N'.")
-    dtype: str = Field("auto", description="'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'.")
+    device: str = Field("auto", pattern=f"^({DEVICE_PATTERN})$",
+                        description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:N'.")
+    dtype: str = Field("auto", pattern=f"^({'|'.join(DTYPE_NAMES)})$",
+                       description="'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'.")
 
     # Request limits: anything past them is rejected before it reaches a model.
+    max_prompt_chars: int = Field(10_000, gt=0, description="Longest prompt (and negative or per-chunk prompt).")
     max_seconds: float = Field(20.0, gt=0, description="Longest clip a request may ask for.")
     max_frames: int = Field(481, gt=0, description="Most frames a request may ask for (4k+1).")
     max_side: int = Field(1280, gt=0, description="Largest width or height in pixels.")

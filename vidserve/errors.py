@@ -6,9 +6,16 @@ it into an OpenAI-shaped 4xx. It is raised before any model is touched.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class VidserveError(Exception):
-    """Base class for errors vidserve raises on purpose."""
+    """Base class for errors vidserve raises on purpose: a job it ends fails with `code`."""
+
+    code = "invalid_configuration"
 
 
 class InvalidRequest(VidserveError):
@@ -19,6 +26,17 @@ class InvalidRequest(VidserveError):
         self.code = code
 
 
+def from_validation_error(exc: "ValidationError", prefix: str | None = None,
+                    skip: tuple[str, ...] = ("body", "query", "path", "header")) -> InvalidRequest:
+    """A pydantic error as an InvalidRequest naming the field: `param` is its dotted path
+    (under `prefix`, without FastAPI's "body"/"query" location), the message says what is wrong."""
+    first = exc.errors()[0]
+    parts = [prefix] if prefix else []
+    parts += [str(p) for p in first.get("loc", ()) if p not in skip]
+    param = ".".join(parts) or None
+    return InvalidRequest(f"{param}: {first['msg']}" if param else first["msg"], param=param)
+
+
 class UnknownModel(InvalidRequest):
     def __init__(self, name: str, known: list[str], folder: str = "a local diffusers folder"):
         super().__init__(
@@ -26,6 +44,17 @@ class UnknownModel(InvalidRequest):
             param="model",
             code="model_not_found",
         )
+
+
+class ModelUnavailable(VidserveError):
+    """A model's weights are neither cached nor downloadable (offline, or no such repository)."""
+
+    code = "model_unavailable"
+
+    def __init__(self, source: str):
+        super().__init__(f"model {source} is not in the local cache and could not be downloaded: fetch it with "
+                         f"`hf download {source}` where there is internet (HF_HOME picks the cache), "
+                         "or pass a local diffusers folder")
 
 
 class JobCancelled(VidserveError):

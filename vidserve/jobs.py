@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel, Field
 
+from vidserve.params import JobParams
+
 
 class JobStatus(str, Enum):
     queued = "queued"
@@ -48,8 +50,7 @@ class Job(BaseModel):
     created_at: float = Field(default_factory=time.time)
     started_at: float | None = None
     completed_at: float | None = None
-    # What to generate, as the API received it (seconds, size, num_frames, fps, seed, ...).
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: JobParams  # what to generate, resolved and validated
     input_image_key: str | None = None  # storage key of an uploaded first frame
     outputs: dict[str, str] = Field(default_factory=dict)  # variant ("video", "thumbnail") -> storage key
     # Chunks of a long video as they finish: {"index", "frames", "key", "drift"}; downloadable at once.
@@ -75,9 +76,26 @@ class InvalidTransition(Exception):
     """The job is not in a state that allows this change (e.g. completing a cancelled job)."""
 
 
+class LeaseLost(InvalidTransition):
+    """A worker changed a job it no longer holds: requeued after its lease lapsed, or ended meanwhile."""
+
+
+class JobNotFound(Exception):
+    """No job has this id (never created, or deleted)."""
+
+    def __init__(self, job_id: str):
+        super().__init__(f"no job with id {job_id!r}")
+        self.job_id = job_id
+
+
 def _require(job: Job, *allowed: JobStatus) -> None:
     if job.status not in allowed:
         raise InvalidTransition(f"job {job.id} is {job.status.value}; expected {', '.join(s.value for s in allowed)}")
+
+
+def _held_by(job: Job, worker_id: str) -> None:
+    if job.status is not JobStatus.in_progress or job.worker_id != worker_id:
+        raise LeaseLost(f"job {job.id} is {job.status.value}, held by {job.worker_id}, not {worker_id}")
 
 
 # Transitions. Each mutates the job it is given and is applied through JobStore.update.
@@ -96,9 +114,7 @@ def start(worker_id: str, lease_seconds: float) -> Callable[[Job], None]:
 
 def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
-        _require(job, JobStatus.in_progress)
-        if job.worker_id != worker_id:
-            raise InvalidTransition(f"job {job.id} is held by {job.worker_id}, not {worker_id}")
+        _held_by(job, worker_id)
         job.lease_expires_at = time.time() + lease_seconds
         if progress is not None:
             job.progress = max(job.progress, min(progress, 100))
@@ -108,9 +124,7 @@ def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None)
 
 def chunk_done(worker_id: str, chunk: dict[str, Any]) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
-        _require(job, JobStatus.in_progress)
-        if job.worker_id != worker_id:
-            raise InvalidTransition(f"job {job.id} is held by {job.worker_id}, not {worker_id}")
+        _held_by(job, worker_id)
         job.chunks = [c for c in job.chunks if c["index"] != chunk["index"]] + [dict(chunk)]
 
     return apply
@@ -118,26 +132,24 @@ def chunk_done(worker_id: str, chunk: dict[str, Any]) -> Callable[[Job], None]:
 
 def prompt_extended(worker_id: str, extended: str) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
-        _require(job, JobStatus.in_progress)
-        if job.worker_id != worker_id:
-            raise InvalidTransition(f"job {job.id} is held by {job.worker_id}, not {worker_id}")
+        _held_by(job, worker_id)
         job.extended_prompt = extended
 
     return apply
 
 
-def complete(outputs: dict[str, str], timings: dict[str, float]) -> Callable[[Job], None]:
+def complete(worker_id: str, outputs: dict[str, str], timings: dict[str, float]) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
-        _require(job, JobStatus.in_progress)
+        _held_by(job, worker_id)
         job.status, job.progress, job.completed_at = JobStatus.completed, 100, time.time()
         job.outputs, job.timings, job.lease_expires_at = dict(outputs), dict(timings), None
 
     return apply
 
 
-def fail(code: str, message: str) -> Callable[[Job], None]:
+def fail(worker_id: str, code: str, message: str) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
-        _require(job, JobStatus.queued, JobStatus.in_progress)
+        _held_by(job, worker_id)
         job.status, job.completed_at, job.lease_expires_at = JobStatus.failed, time.time(), None
         job.error = JobError(code=code, message=message)
 
@@ -153,9 +165,12 @@ def request_cancel(job: Job) -> None:
         job.status, job.completed_at = JobStatus.cancelled, time.time()
 
 
-def cancelled(job: Job) -> None:
-    _require(job, JobStatus.in_progress)
-    job.status, job.completed_at, job.lease_expires_at = JobStatus.cancelled, time.time(), None
+def cancelled(worker_id: str) -> Callable[[Job], None]:
+    def apply(job: Job) -> None:
+        _held_by(job, worker_id)
+        job.status, job.completed_at, job.lease_expires_at = JobStatus.cancelled, time.time(), None
+
+    return apply
 
 
 def recover(job: Job) -> None:
@@ -184,14 +199,15 @@ class JobStore(ABC):
 
     @abstractmethod
     def update(self, job_id: str, change: Callable[[Job], None]) -> Job:
-        """Atomically load, apply `change` (which may raise InvalidTransition), save. KeyError if missing."""
+        """Atomically load, apply `change` (which may raise InvalidTransition), save; JobNotFound if missing."""
 
     @abstractmethod
     def delete(self, job_id: str) -> bool: ...
 
     @abstractmethod
     def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[Job], bool]:
-        """A page of jobs by creation order, starting after the job `after`; and whether more follow."""
+        """A page of jobs by creation order, starting after the job `after` (JobNotFound if there is
+        no such job); and whether more follow."""
 
     @abstractmethod
     def with_status(self, statuses: Iterable[JobStatus]) -> list[Job]:
@@ -217,24 +233,24 @@ def video_object(job: Job) -> dict[str, Any]:
         "completed_at": int(job.completed_at) if job.completed_at else None,
         "expires_at": None,  # outputs are kept until the video is deleted
         "prompt": job.prompt,
-        "seconds": p.get("seconds"),
-        "size": f"{p['width']}x{p['height']}" if "width" in p else None,
+        "seconds": p.seconds,
+        "size": f"{p.width}x{p.height}",
         "remixed_from_video_id": job.remixed_from_video_id,
         "error": job.error.model_dump() if job.error else None,
         # Extensions: what exactly was generated, and how it went.
-        "negative_prompt": p.get("negative_prompt") or None,
-        "num_frames": p["num_frames"] + p.get("source_frames", 0) if "num_frames" in p else None,
-        "fps": p.get("fps"),
-        "num_inference_steps": p.get("steps"),
-        "guidance_scale": p.get("guidance"),
-        "seed": p.get("seed"),
-        "attention": p.get("attention"),
-        "cache": p.get("cache"),
-        "prompts": p.get("prompts") or None,
-        "prompt_extend": p.get("prompt_extend", False),
+        "negative_prompt": p.negative_prompt or None,
+        "num_frames": p.source_frames + p.num_frames,
+        "fps": p.fps,
+        "num_inference_steps": p.steps,
+        "guidance_scale": p.guidance,
+        "seed": p.seed,
+        "attention": p.attention.model_dump(),
+        "cache": p.cache.model_dump(),
+        "prompts": list(p.prompts) or None,
+        "prompt_extend": p.prompt_extend,
         "extended_prompt": job.extended_prompt,
-        "caption_chain": p.get("caption_chain", False),
-        "drift_correction": p.get("drift_correction"),
+        "caption_chain": p.caption_chain,
+        "drift_correction": p.drift_correction,
         "extends_video_id": job.extends_video_id,
         "chunks": [{"index": c["index"], "frames": c["frames"], "drift": c["drift"], "prompt": c.get("prompt")}
                    for c in job.chunks],

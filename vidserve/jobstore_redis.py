@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 import redis
 
-from .jobs import Job, JobStatus, JobStore
+from .jobs import Job, JobNotFound, JobStatus, JobStore
 
 # Runs atomically on the server: no other create can come between the idempotency check and
 # the insert (the key's GET, then SET, is a SET NX), and a job gets its sequence number in the
@@ -71,7 +71,7 @@ class RedisJobStore(JobStore):
             # the fresh record. If `change` raises, nothing has been queued, so nothing is written.
             raw = pipe.get(key)
             if raw is None:
-                raise KeyError(job_id)
+                raise JobNotFound(job_id)
             job = Job.model_validate_json(raw)
             before = job.status
             change(job)
@@ -112,7 +112,7 @@ class RedisJobStore(JobStore):
         if after is not None:
             seq = self._redis.zscore(self._key("jobs"), after)
             if seq is None:
-                raise KeyError(after)
+                raise JobNotFound(after)
             start = f"({int(seq)}"  # "(" excludes the `after` job itself
         ids = self._redis.zrange(self._key("jobs"), start, "-inf" if desc else "+inf",
                                  desc=desc, byscore=True, offset=0, num=limit + 1)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .jobs import Job, JobStatus, JobStore
+from .jobs import Job, JobNotFound, JobStatus, JobStore
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (
@@ -82,7 +82,7 @@ class SQLiteJobStore(JobStore):
         with self._transaction("IMMEDIATE") as db:  # an exception from `change` rolls back
             row = db.execute("SELECT data FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
-                raise KeyError(job_id)
+                raise JobNotFound(job_id)
             job = Job.model_validate_json(row[0])
             change(job)
             db.execute("UPDATE jobs SET status = ?, data = ? WHERE id = ?",
@@ -104,7 +104,7 @@ class SQLiteJobStore(JobStore):
             if after is not None:
                 row = db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
                 if row is None:
-                    raise KeyError(after)
+                    raise JobNotFound(after)
                 cursor = row[0]
             rows = db.execute(
                 f"SELECT data FROM jobs WHERE ? IS NULL OR seq {cmp} ? ORDER BY seq {direction} LIMIT ?",

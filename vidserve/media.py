@@ -6,8 +6,11 @@ process and the CLI can import this without pulling in the model stack.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import os
+import tempfile
 import uuid
 import warnings
 from functools import lru_cache
@@ -82,6 +85,28 @@ def read_video(path: str | Path) -> tuple[np.ndarray, float]:
     w, h = meta["size"]
     frames = np.stack([np.frombuffer(buf, np.uint8).reshape(h, w, 3) for buf in reader])
     return frames, float(meta["fps"])
+
+
+def read_video_bytes(data: bytes) -> tuple[np.ndarray, float]:
+    """`read_video` of an MP4 held in memory (an upload, or a file from storage)."""
+    with tempfile.TemporaryDirectory(prefix="vidserve-read-") as tmp:
+        path = Path(tmp) / "video.mp4"
+        path.write_bytes(data)
+        return read_video(path)
+
+
+def decode_data_url(url: str, param: str, max_bytes: int) -> bytes:
+    """The bytes of a `data:<type>;base64,<payload>` URL, as JSON bodies carry images."""
+    header, _, payload = url.partition(",")
+    if not header.startswith("data:") or not header.endswith(";base64") or not payload:
+        raise InvalidRequest(f"{param} must be a data URL like data:image/png;base64,<data>", param=param)
+    if len(payload) * 3 // 4 > max_bytes:
+        raise InvalidRequest(f"{param} is larger than the {max_bytes}-byte limit", param=param,
+                             code="file_too_large")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except binascii.Error:
+        raise InvalidRequest(f"{param} is not valid base64", param=param) from None
 
 
 def save_thumbnail(frames: np.ndarray, path: str | Path, format: str | None = None) -> Path:

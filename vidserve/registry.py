@@ -13,9 +13,6 @@ from pathlib import Path
 
 from vidserve.errors import InvalidRequest, UnknownModel
 
-KINDS = ("t2v", "i2v", "ti2v")
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     name: str

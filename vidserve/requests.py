@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vidserve.config import Settings
-from vidserve.errors import InvalidRequest
+from vidserve.errors import InvalidRequest, from_validation_error
 from vidserve.options import AttentionOptions, CacheOptions
 from vidserve.registry import ModelSpec
 
@@ -41,7 +41,6 @@ class GenerationRequest:
     # and num_frames counts only the new frames (a multiple of 4).
     continuing: bool = False
     attention: AttentionOptions = field(default_factory=AttentionOptions)
-    options: dict[str, Any] = field(default_factory=dict)  # model options (e.g. guidance_scale_2)
     # The LLM path helps: rewrite the prompt first (seeing the image, if any); caption the
     # frame each continuation chunk starts from into that chunk's prompt.
     prompt_extend: bool = False
@@ -99,7 +98,6 @@ def build_request(
     drift_correction: str = "color",
     continuing: bool = False,
     attention: AttentionOptions | dict[str, Any] | None = None,
-    options: dict[str, Any] | None = None,
     prompt_extend: bool = False,
     caption_chain: bool = False,
     cache: CacheOptions | dict[str, Any] | None = None,
@@ -108,13 +106,15 @@ def build_request(
 
     With `continuing`, `image` is the last frame of a video being extended and the length
     (`seconds` or `num_frames`) is what is added: 4*ceil(seconds*fps/4) new frames."""
-    if not prompt or not prompt.strip():
-        raise InvalidRequest("prompt must not be empty", param="prompt")
+    check_prompt(prompt, settings)
+    if len(negative_prompt) > settings.max_prompt_chars:
+        raise InvalidRequest(f"negative_prompt is {len(negative_prompt)} characters; the limit is "
+                             f"{settings.max_prompt_chars}", param="negative_prompt")
     if continuing:
         return _continuation(spec, settings, prompt, image=image, seconds=seconds, num_frames=num_frames, fps=fps,
                              size=size, steps=steps, guidance=guidance, seed=seed, negative_prompt=negative_prompt,
                              prompts=prompts, drift_correction=drift_correction, attention=attention,
-                             options=options, prompt_extend=prompt_extend, caption_chain=caption_chain,
+                             prompt_extend=prompt_extend, caption_chain=caption_chain,
                              cache=cache)
     if spec.needs_image and image is None:
         raise InvalidRequest(f"model {spec.name} is image-to-video: give an image to start from", param="image")
@@ -165,7 +165,7 @@ def build_request(
         raise InvalidRequest(f"seed must be between 0 and 2^63-1, got {seed}", param="seed")
 
     chunk_frames = plan_chunks(num_frames, spec.frames_per_chunk)
-    _check_chain(spec, chunk_frames, prompts, drift_correction)
+    _check_chain(spec, chunk_frames, prompts, drift_correction, settings.max_prompt_chars)
     if caption_chain and len(chunk_frames) == 1:
         raise InvalidRequest(f"caption_chain captions the frame each chunk continues from, but {num_frames} frames "
                              f"fit in one chunk of {spec.frames_per_chunk}; ask for a longer video", param="caption_chain")
@@ -176,9 +176,18 @@ def build_request(
         model=spec.name, prompt=prompt, negative_prompt=negative_prompt, image=image,
         width=width, height=height, num_frames=num_frames, fps=fps, steps=steps,
         guidance=guidance, seed=seed, chunk_frames=chunk_frames, prompts=list(prompts or []),
-        drift_correction=drift_correction, attention=attention, options=dict(options or {}),
+        drift_correction=drift_correction, attention=attention,
         prompt_extend=prompt_extend, caption_chain=caption_chain, cache=cache,
     )
+
+
+def check_prompt(prompt: str, settings: Settings) -> None:
+    """The one set of prompt limits, for the API and the CLI alike."""
+    if not prompt or not prompt.strip():
+        raise InvalidRequest("prompt must not be empty", param="prompt")
+    if len(prompt) > settings.max_prompt_chars:
+        raise InvalidRequest(f"prompt is {len(prompt)} characters; the limit is {settings.max_prompt_chars}",
+                             param="prompt")
 
 
 def _with_defaults(options_type, name: str, given, default):
@@ -190,12 +199,11 @@ def _with_defaults(options_type, name: str, given, default):
     try:
         return options_type.model_validate({**default.model_dump(), **given})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field_name = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"{name}.{field_name}: {first['msg']}", param=f"{name}.{field_name}") from None
+        raise from_validation_error(exc, prefix=name) from None
 
 
-def _check_chain(spec: ModelSpec, chunk_frames: list[int], prompts: list[str] | None, drift_correction: str) -> None:
+def _check_chain(spec: ModelSpec, chunk_frames: list[int], prompts: list[str] | None, drift_correction: str,
+                 max_prompt_chars: int) -> None:
     if len(chunk_frames) > 1 and spec.continues_with is None:
         raise InvalidRequest(f"{spec.name} makes at most {spec.frames_per_chunk} frames and has no image-to-video "
                              "model to continue its clips; ask for fewer frames", param="num_frames")
@@ -203,6 +211,8 @@ def _check_chain(spec: ModelSpec, chunk_frames: list[int], prompts: list[str] | 
         if len(prompts) > len(chunk_frames) or not all(p and p.strip() for p in prompts):
             raise InvalidRequest(f"prompts must be at most {len(chunk_frames)} non-empty prompts, one per chunk "
                                  f"of {spec.frames_per_chunk} frames", param="prompts")
+        if any(len(p) > max_prompt_chars for p in prompts):
+            raise InvalidRequest(f"each of prompts may have at most {max_prompt_chars} characters", param="prompts")
     if drift_correction not in ("color", "none"):
         raise InvalidRequest(f"drift_correction must be 'color' or 'none', got {drift_correction!r}",
                              param="drift_correction")
@@ -228,5 +238,6 @@ def _continuation(spec: ModelSpec, settings: Settings, prompt: str, *, image: An
     request.image, request.continuing, request.num_frames = image, True, request.num_frames - 1
     request.caption_chain = caption_chain
     request.chunk_frames = plan_chunks(request.num_frames, spec.frames_per_chunk, continuing=True)
-    _check_chain(spec, request.chunk_frames, kwargs.get("prompts"), request.drift_correction)
+    _check_chain(spec, request.chunk_frames, kwargs.get("prompts"), request.drift_correction,
+                 settings.max_prompt_chars)
     return request

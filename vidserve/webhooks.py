@@ -35,6 +35,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from vidserve.config import Settings
+from vidserve.jobs import Job, video_object
+
 log = logging.getLogger("vidserve.webhooks")
 
 SECRET_PREFIX = "whsec_"
@@ -231,3 +234,10 @@ def load_or_create_secret(settings) -> str:
             out.write(generate_secret() + "\n")
         log.info("made a webhook signing secret in %s", path)
     return path.read_text().strip()
+
+
+def announce(webhooks: WebhookSender | None, settings: Settings, job: Job) -> None:
+    """Send the job's terminal event to its webhook (or the server's), if any."""
+    url = job.webhook_url or settings.webhook_url
+    if webhooks is not None and url and job.status.terminal:
+        webhooks.send(url, f"video.{job.status.value}", video_object(job))

@@ -22,10 +22,10 @@ from vidserve.jobs import Job, JobStatus, JobStore
 from vidserve.registry import resolve
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, load_or_create_secret
+from vidserve.webhooks import WebhookSender, announce, load_or_create_secret
 
 from .prompt_writer import HTTPWriter
-from .runner import JobRunner, announce, recover_lost_jobs
+from .runner import JobRunner, recover_lost_jobs
 
 log = logging.getLogger("vidserve.celery")
 

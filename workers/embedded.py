@@ -13,9 +13,10 @@ import queue
 import threading
 
 from vidserve import jobs
-from vidserve.jobs import InvalidTransition, Job, JobStatus, JobStore
+from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore
+from vidserve.webhooks import announce
 
-from .runner import JobRunner, announce
+from .runner import JobRunner
 
 log = logging.getLogger("vidserve.embedded")
 
@@ -32,7 +33,7 @@ class EmbeddedQueue:
             # This process is the only worker, so a running job here is one a crash left behind.
             try:
                 recovered = self.store.update(job.id, jobs.recover)
-            except (KeyError, InvalidTransition):
+            except (JobNotFound, InvalidTransition):
                 continue
             log.warning("job %s was running when the server stopped: %s", job.id, recovered.status.value)
             announce(self.runner.webhooks, self.runner.settings, recovered)

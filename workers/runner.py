@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -20,15 +21,14 @@ import numpy as np
 
 from vidserve import jobs
 from vidserve.config import Settings
-from vidserve.errors import JobCancelled
-from vidserve.jobs import InvalidTransition, Job, JobStatus, JobStore
 from vidserve.drift import DriftMetrics
-from vidserve.media import encode_mp4, last_frame, load_image, read_video, save_thumbnail
-from vidserve.options import AttentionOptions, CacheOptions
+from vidserve.errors import JobCancelled, VidserveError
+from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore, LeaseLost
+from vidserve.media import encode_mp4, last_frame, load_image, read_video_bytes, save_thumbnail
 from vidserve.requests import GenerationRequest
 from vidserve.storage import Storage
 from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender
+from vidserve.webhooks import WebhookSender, announce
 
 from .prompt_writer import PromptWriter
 
@@ -58,7 +58,7 @@ class JobRunner:
         """Run the job if it is still queued; return its final record (None if not ours to run)."""
         try:
             job = self.store.update(job_id, jobs.start(self.worker_id, self.settings.lease_seconds))
-        except (KeyError, InvalidTransition):
+        except (JobNotFound, InvalidTransition):
             return None  # deleted, cancelled, or already taken by another delivery
         self.metrics.queue_wait.labels(job.model).observe(job.started_at - job.created_at)
         stop_heartbeat = self._keep_lease(job_id)
@@ -73,8 +73,9 @@ class JobRunner:
 
     def _generate(self, job: Job) -> Job | None:
         try:
-            source = read_video(self.storage.path(job.source_video_key))[0] if job.source_video_key else None
-            request = self._request_for(job, source)
+            source = read_video_bytes(self.storage.read_bytes(job.source_video_key))[0] if job.source_video_key \
+                else None
+            request = self.request_for(job, source)
             if request.prompt_extend:
                 request.prompt = self._extend_prompt(job, request)
             from vidserve.pipelines.chain import generate_video  # torch stays out of processes that never run jobs
@@ -88,30 +89,23 @@ class JobRunner:
             start = time.perf_counter()
             outputs = self._store_outputs(job, frames, request.fps)
             timings = {**result.timings, "encode": time.perf_counter() - start}
-            return self.store.update(job.id, jobs.complete(outputs, timings))
-        except (JobCancelled, KeyError, InvalidTransition) as exc:
-            return self._end_cancelled(job, exc)
+            return self.store.update(job.id, jobs.complete(self.worker_id, outputs, timings))
+        except (JobCancelled, JobNotFound, LeaseLost) as exc:  # cancelled, deleted, or now another worker's
+            return self._end_quietly(job, exc)
         except Exception as exc:  # a bad job must fail alone, never take the worker down
             log.exception("job %s failed", job.id)
-            return self._update_quietly(job.id, jobs.fail("generation_failed", f"{type(exc).__name__}: {exc}"))
+            failure = jobs.fail(self.worker_id, _failure_code(exc), f"{type(exc).__name__}: {exc}")
+            return self._update_quietly(job.id, failure)
 
-    def _request_for(self, job: Job, source: np.ndarray | None) -> GenerationRequest:
-        """The request the API validated, from the job's resolved parameters."""
-        p = job.params
+    def request_for(self, job: Job, source: np.ndarray | None) -> GenerationRequest:
+        """The request the API validated, from the job's parameters and stored first frame
+        (or the last frame of the video it extends)."""
         image = None
         if job.input_image_key:
-            image = load_image(self.storage.path(job.input_image_key), self.settings.max_image_pixels)
+            image = load_image(self.storage.read_bytes(job.input_image_key), self.settings.max_image_pixels)
         elif source is not None:
             image = last_frame(source)
-        return GenerationRequest(
-            model=job.model, prompt=job.prompt, negative_prompt=p.get("negative_prompt", ""), image=image,
-            width=p["width"], height=p["height"], num_frames=p["num_frames"], fps=p["fps"], steps=p["steps"],
-            guidance=p["guidance"], seed=p["seed"], chunk_frames=p["chunk_frames"], prompts=p.get("prompts", []),
-            drift_correction=p.get("drift_correction", "color"), continuing=source is not None,
-            attention=AttentionOptions(**p["attention"]) if "attention" in p else self.settings.attention,
-            prompt_extend=p.get("prompt_extend", False), caption_chain=p.get("caption_chain", False),
-            cache=CacheOptions(**p["cache"]) if "cache" in p else self.settings.cache,
-        )
+        return job.params.to_request(job.model, job.prompt, image)
 
     def _require_writer(self, option: str) -> PromptWriter:
         if self.writer is None:
@@ -133,7 +127,7 @@ class JobRunner:
             self.metrics.step_time.labels(job.model).observe(now - last[0])
             last[0] = now
             progress = DENOISE_SHARE * done // total
-            # KeyError (deleted) and InvalidTransition (lease lost) end the run like a cancel.
+            # JobNotFound (deleted) and LeaseLost end the run like a cancel.
             current = self.store.update(job.id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress))
             if current.cancel_requested:
                 raise JobCancelled()
@@ -159,8 +153,8 @@ class JobRunner:
                 "thumbnail": self.storage.put_file(f"{job.id}/thumbnail.webp", thumb),
             }
 
-    def _end_cancelled(self, job: Job, reason: Exception) -> Job | None:
-        current = self._update_quietly(job.id, jobs.cancelled)
+    def _end_quietly(self, job: Job, reason: Exception) -> Job | None:
+        current = self._update_quietly(job.id, jobs.cancelled(self.worker_id))
         if current is None or current.status is not JobStatus.cancelled:
             log.info("job %s stopped: %s", job.id, type(reason).__name__)
         if self.store.get(job.id) is None:
@@ -170,7 +164,7 @@ class JobRunner:
     def _update_quietly(self, job_id: str, change) -> Job | None:
         try:
             return self.store.update(job_id, change)
-        except (KeyError, InvalidTransition):
+        except (JobNotFound, InvalidTransition):
             return self.store.get(job_id)
 
     def _keep_lease(self, job_id: str) -> threading.Event:
@@ -182,7 +176,7 @@ class JobRunner:
             while not stop.wait(interval):
                 try:
                     self.store.update(job_id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds))
-                except (KeyError, InvalidTransition):
+                except (JobNotFound, LeaseLost):
                     return
                 except Exception:  # a store hiccup: the next beat tries again
                     log.warning("heartbeat for %s failed", job_id, exc_info=True)
@@ -190,11 +184,14 @@ class JobRunner:
         threading.Thread(target=beat, name=f"lease-{job_id}", daemon=True).start()
         return stop
 
-def announce(webhooks: WebhookSender | None, settings: Settings, job: Job) -> None:
-    """Send the job's terminal event to its webhook (or the server's), if any."""
-    url = job.webhook_url or settings.webhook_url
-    if webhooks is not None and url and job.status.terminal:
-        webhooks.send(url, f"video.{job.status.value}", jobs.video_object(job))
+def _failure_code(exc: Exception) -> str:
+    if isinstance(exc, VidserveError):
+        return exc.code
+    torch = sys.modules.get("torch")  # loaded by the pipeline; this module never imports it
+    if torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()  # give the memory back before the next job
+        return "out_of_memory"
+    return "generation_failed"
 
 
 def recover_lost_jobs(store: JobStore, now: float | None = None) -> list[Job]:
@@ -205,7 +202,7 @@ def recover_lost_jobs(store: JobStore, now: float | None = None) -> list[Job]:
         if job.lease_expires_at is not None and job.lease_expires_at < now:
             try:
                 recovered.append(store.update(job.id, _recover_if_expired(now)))
-            except (KeyError, InvalidTransition):
+            except (JobNotFound, InvalidTransition):
                 continue  # it finished, or its worker renewed the lease, meanwhile
     return recovered
 

@@ -5,23 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from vidserve import jobs
-from vidserve.jobs import Job, JobStatus, video_object
-from vidserve.workers.runner import announce
+from vidserve.jobs import Job, JobNotFound, JobStatus, video_object
+from vidserve.webhooks import announce
 
 from ..auth import require_api_key
+from ..content import stored_file_response
 from ..errors import APIError, not_found
 from ..forms import read_body, request_hash, validate
 from ..schemas import VideoCreate, VideoExtend, VideoRemix
 from ..services import Services, services
-from ..submission import submit_extension, submit_video
+from ..submission import submit_extension, submit_remix, submit_video
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(require_api_key)])
 
@@ -54,7 +55,7 @@ async def list_videos(svc: Services = Depends(services), after: str | None = Non
                       limit: int = Query(20, ge=1, le=100), order: str = Query("desc", pattern="^(asc|desc)$")):
     try:
         page, has_more = await run_in_threadpool(svc.store.list, after, limit, order)
-    except KeyError:
+    except JobNotFound:
         raise APIError(400, f"after: no video with id {after!r}", param="after") from None
     data = [video_object(job) for job in page]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
@@ -80,7 +81,7 @@ async def cancel_video(video_id: str, svc: Services = Depends(services)):
         raise APIError(409, f"video {video_id} is already {job.status.value}", code="video_not_cancellable")
     try:
         job = await run_in_threadpool(svc.store.update, video_id, jobs.request_cancel)
-    except KeyError:
+    except JobNotFound:
         raise not_found(video_id) from None
     if job.status is JobStatus.cancelled:  # it was still queued; a running job is announced by its worker
         announce(svc.webhooks, svc.settings, job)
@@ -92,7 +93,7 @@ async def delete_video(video_id: str, svc: Services = Depends(services)):
     def delete() -> None:
         try:
             svc.store.update(video_id, jobs.request_cancel)  # a running job stops at its next step
-        except KeyError:
+        except JobNotFound:
             raise not_found(video_id) from None
         svc.store.delete(video_id)
         svc.storage.delete_prefix(f"{video_id}/")
@@ -102,8 +103,8 @@ async def delete_video(video_id: str, svc: Services = Depends(services)):
 
 
 @router.get("/{video_id}/content")
-async def download_content(video_id: str, variant: str = "video", index: int | None = Query(None, ge=0),
-                           svc: Services = Depends(services)):
+async def download_content(request: Request, video_id: str, variant: str = "video",
+                           index: int | None = Query(None, ge=0), svc: Services = Depends(services)):
     """`variant=video|thumbnail` once completed; `variant=chunk&index=K` as soon as chunk K is done."""
     if variant not in VARIANTS:
         raise APIError(400, f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}", param="variant")
@@ -120,11 +121,13 @@ async def download_content(video_id: str, variant: str = "video", index: int | N
                        code="video_not_ready")
     else:
         key = job.outputs[variant]
-        filename = f"{video_id}{Path(key).suffix}"
-    path = svc.storage.path(key)
-    if not path.exists():
-        raise APIError(404, f"the {variant} of video {video_id} is gone from storage", code="content_missing")
-    return FileResponse(path, media_type=VARIANTS[variant], filename=filename)
+        filename = f"{video_id}{PurePosixPath(key).suffix}"
+    try:
+        return await run_in_threadpool(stored_file_response, svc.storage, key, VARIANTS[variant], filename,
+                                       request.headers.get("range"))
+    except FileNotFoundError:
+        raise APIError(404, f"the {variant} of video {video_id} is gone from storage", code="content_missing") \
+            from None
 
 
 @router.post("/{video_id}/remix")
@@ -132,14 +135,7 @@ async def remix_video(video_id: str, request: Request, svc: Services = Depends(s
     fields, _ = await read_body(request, svc.settings.max_upload_bytes, ())
     remix = validate(VideoRemix, fields)
     source = await run_in_threadpool(_get, svc, video_id)
-    p = source.params
-    body = VideoCreate(prompt=remix.prompt, model=source.model, size=f"{p['width']}x{p['height']}",
-                       num_frames=p["num_frames"], fps=p["fps"], num_inference_steps=p["steps"],
-                       guidance_scale=p["guidance"], seed=p["seed"], negative_prompt=p.get("negative_prompt"),
-                       prompts=p.get("prompts") or None, drift_correction=p.get("drift_correction", "color"),
-                       attention=p.get("attention"), webhook_url=source.webhook_url, metadata=source.metadata)
-    image = svc.storage.path(source.input_image_key).read_bytes() if source.input_image_key else None
-    job = await run_in_threadpool(submit_video, svc, body, image, remixed_from=source)
+    job = await run_in_threadpool(submit_remix, svc, source, remix.prompt)
     return video_object(job)
 
 

@@ -1,7 +1,7 @@
 // Recent jobs, a page at a time from GET /v1/videos (newest first), with status, timings and
 // drift; each row can be shown in the live panel or cancelled.
 import * as api from "./api.js";
-import { $, TERMINAL, driftSummary, el, isEnabled, setEnabled, statusText, timings } from "./ui.js";
+import { $, TERMINAL, driftSummary, el, fitPixels, isEnabled, setEnabled, statusText, timings } from "./ui.js";
 
 const PAGE = 10;
 const rows = $("gallery-rows");
@@ -31,21 +31,29 @@ export function refreshIfFirst() {
   if (cursors.length === 1) load();
 }
 
+// The list is busy while a page loads; with no rows to keep on screen meanwhile, it says so.
 export async function load() {
   clearTimeout(timer);
   const query = new URLSearchParams({ limit: PAGE, order: "desc" });
   if (cursors.at(-1)) query.set("after", cursors.at(-1));
+  const hasRows = rows.querySelector("tr[data-id]") !== null;
+  if (!hasRows) rows.replaceChildren(notice("Loading videos…"));
+  rows.setAttribute("aria-busy", "true");
   let page;
   try {
     page = await api.getJSON(`v1/videos?${query}`);
   } catch (err) {
     api.showError(error, err);
+    if (!hasRows) rows.replaceChildren(notice("Could not load videos."));
     return;
+  } finally {
+    rows.removeAttribute("aria-busy");
   }
   api.showError(error, null);
   // Rebuilding the rows would drop keyboard focus inside them: remember which button had it.
   const focused = rows.contains(document.activeElement) ? { ...document.activeElement.dataset } : null;
-  rows.replaceChildren(...page.data.map(row));
+  if (page.data.length) rows.replaceChildren(...page.data.map(row));
+  else rows.replaceChildren(notice(cursors.length > 1 ? "No older videos." : "No videos yet."));
   if (focused?.id) {
     const same = rows.querySelector(`button[data-id="${focused.id}"][data-action="${focused.action}"]`);
     (same ?? rows.querySelector(`button[data-id="${focused.id}"]`))?.focus();
@@ -53,9 +61,14 @@ export async function load() {
   $("older").dataset.after = page.last_id ?? "";
   setEnabled($("older"), page.has_more);
   setEnabled($("newer"), cursors.length > 1);
-  $("page-info").textContent = page.data.length ? `Page ${cursors.length}` : "No jobs yet.";
+  $("page-info").textContent = page.data.length ? `Page ${cursors.length}` : "";
   // Nothing pushes status changes to this list, so look again while any shown job is running.
   if (page.data.some((video) => !TERMINAL.has(video.status))) timer = setTimeout(load, 3000);
+}
+
+// A row across the whole table, in place of the videos: loading, none, or failed.
+function notice(text) {
+  return el("tr", { className: "notice" }, el("td", { colSpan: 7 }, text));
 }
 
 function row(video) {
@@ -98,7 +111,7 @@ function row(video) {
 }
 
 function thumbnail(id) {
-  const img = el("img", { alt: "", width: 64, height: 64 }); // decorative: the prompt is in the next cell
+  const img = fitPixels(el("img", { alt: "" }), 128, 128); // decorative: the prompt is in the next cell
   if (!thumbnails.has(id)) {
     const url = api.blobURL(`v1/videos/${id}/content?variant=thumbnail`);
     url.catch(() => thumbnails.delete(id)); // try again next time

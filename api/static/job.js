@@ -1,7 +1,7 @@
 // The video form and the live job: submit, follow the event stream (progress, chunks as they
 // finish, the terminal status), play the result, cancel.
 import * as api from "./api.js";
-import { $, TERMINAL, drift, el, isEnabled, setEnabled, statusText, timings } from "./ui.js";
+import { $, TERMINAL, drift, el, fitPixels, isEnabled, setEnabled, statusText, timings } from "./ui.js";
 
 const form = $("job-form");
 const error = $("job-error");
@@ -13,6 +13,7 @@ let statusChanged = () => {};
 
 export function setup(callbacks) {
   statusChanged = callbacks.statusChanged;
+  fitPixels($("live-video"), 480); // as wide as the panel, at most 480 px high
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     submit();
@@ -199,7 +200,7 @@ function addChunk(job, index, frames, metrics) {
   if (job.chunks.has(index)) return;
   job.chunks.add(index);
   // preload "auto": the blob is in memory already, and the first frame then shows at once.
-  const player = el("video", { controls: true, muted: true, loop: true, playsInline: true, preload: "auto" });
+  const player = fitPixels(el("video", { controls: true, muted: true, loop: true, playsInline: true, preload: "auto" }), 192);
   player.setAttribute("aria-label", `Chunk ${index + 1}`);
   const caption = el("p", {}, `Chunk ${index + 1}: ${frames} frames; ${drift(metrics)}`);
   const item = el("li", {}, caption, player);

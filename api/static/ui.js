@@ -15,6 +15,21 @@ export function isEnabled(button) {
   return button.getAttribute("aria-disabled") !== "true";
 }
 
+// The tiny models make small clips (64x64, 96x80, ...): show them a whole number of times larger,
+// so each pixel stays a crisp square (image-rendering: pixelated in the CSS), as large as fits
+// `maxWidth` (the parent's width by default) and `maxHeight`, keeping the aspect ratio.
+// Media already larger than that are only shrunk to fit.
+export function fitPixels(media, maxHeight, maxWidth = null) {
+  media.addEventListener(media instanceof HTMLVideoElement ? "loadedmetadata" : "load", () => {
+    const w = media.videoWidth ?? media.naturalWidth;
+    const h = media.videoHeight ?? media.naturalHeight;
+    if (!w || !h) return;
+    const fit = Math.min((maxWidth ?? media.parentElement.clientWidth) / w, maxHeight / h);
+    media.style.width = `${w * (fit >= 1 ? Math.floor(fit) : fit)}px`;
+  });
+  return media;
+}
+
 // el("p", {className: "x"}, "text", child): a tiny element builder; text goes in as text, never HTML.
 export function el(tag, props = {}, ...children) {
   const node = Object.assign(document.createElement(tag), props);

@@ -38,7 +38,8 @@ from vidserve.chat import ChatImage
 from vidserve.errors import InvalidRequest
 from vidserve.registry import ChatModelSpec
 
-from ..video import resolve_device, resolve_dtype
+from ..devices import placement
+from ..fetch import fetching
 from .tiny import build_tiny_vlm
 
 
@@ -103,8 +104,7 @@ class ChatModel:
 
     @classmethod
     def load(cls, spec: ChatModelSpec, device: str = "auto", dtype: str = "auto") -> "ChatModel":
-        torch_device = resolve_device(device)
-        torch_dtype = resolve_dtype(dtype, torch_device)
+        torch_device, torch_dtype = placement(device, dtype)
         if spec.builtin:
             # Built-in models take the checkpoint path too, so an exported folder is identical.
             with tempfile.TemporaryDirectory(prefix=f"vidserve-{spec.name}-") as folder:
@@ -116,13 +116,14 @@ class ChatModel:
 
     @classmethod
     def _from_pretrained(cls, spec, source: str, device: torch.device, dtype: torch.dtype) -> "ChatModel":
-        if spec.vision:
-            model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype)
-            processor_class = MROPE_PROCESSORS.get(model.config.model_type, AutoProcessor)
-            processor = processor_class.from_pretrained(source)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-            processor = AutoTokenizer.from_pretrained(source)
+        with fetching(source):
+            if spec.vision:
+                model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype)
+                processor_class = MROPE_PROCESSORS.get(model.config.model_type, AutoProcessor)
+                processor = processor_class.from_pretrained(source)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+                processor = AutoTokenizer.from_pretrained(source)
         return cls(spec, model.to(device).eval(), processor, device)
 
     # -- prompts ---------------------------------------------------------------------------

@@ -1,0 +1,60 @@
+"""Serving a stored file over HTTP, read through the Storage interface, with single byte
+ranges (206) so a browser's <video> can seek."""
+
+from __future__ import annotations
+
+import re
+from typing import BinaryIO, Iterator
+
+from fastapi.responses import Response, StreamingResponse
+
+from vidserve.storage import Storage
+
+CHUNK_BYTES = 256 * 1024
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+def stored_file_response(storage: Storage, key: str, media_type: str, filename: str,
+                         range_header: str | None) -> Response:
+    """The file under `key` (FileNotFoundError if it is gone): whole, or the one range asked for.
+    A header this does not serve (several ranges, another unit) gets the whole file, as HTTP allows."""
+    size = storage.size(key)
+    headers = {"accept-ranges": "bytes", "content-disposition": f'attachment; filename="{filename}"'}
+    span = _byte_range(range_header, size) if range_header else None
+    if span == "unsatisfiable":
+        return Response(status_code=416, headers={**headers, "content-range": f"bytes */{size}"})
+    start, end = span or (0, size - 1)
+    file = storage.open(key)
+    file.seek(start)
+    headers["content-length"] = str(end - start + 1)
+    if span is not None:
+        headers["content-range"] = f"bytes {start}-{end}/{size}"
+    return StreamingResponse(_read(file, end - start + 1), status_code=200 if span is None else 206,
+                             media_type=media_type, headers=headers)
+
+
+def _byte_range(header: str, size: int) -> tuple[int, int] | str | None:
+    """(first, last) byte of `bytes=A-B`, `bytes=A-` or `bytes=-N`; None to serve it all."""
+    match = _RANGE.fullmatch(header.strip())
+    if match is None or match.group(1) == match.group(2) == "":
+        return None
+    first, last = match.groups()
+    if first == "":  # the last N bytes
+        start, end = max(size - int(last), 0), size - 1
+    else:
+        start, end = int(first), min(int(last), size - 1) if last else size - 1
+    if start >= size or start > end:
+        return "unsatisfiable"
+    return start, end
+
+
+def _read(file: BinaryIO, length: int) -> Iterator[bytes]:
+    try:
+        while length > 0:
+            chunk = file.read(min(CHUNK_BYTES, length))
+            if not chunk:
+                return
+            length -= len(chunk)
+            yield chunk
+    finally:
+        file.close()

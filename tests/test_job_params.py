@@ -1,0 +1,174 @@
+"""Every typed job parameter travels the whole way: request body (JSON and multipart) → job
+record (SQLite and Redis) → the worker's GenerationRequest → the video object → a remix.
+
+The tables below name each JobParams field once. A field added to JobParams without an
+entry here fails `test_every_field_has_a_walk`; one dropped or renamed anywhere on the
+way fails the walk."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from vidserve import cli
+from vidserve.api.app import create_app
+from vidserve.api.services import Services
+from vidserve.config import Settings
+from vidserve.jobstore_redis import RedisJobStore
+from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.media import encode_mp4
+from vidserve.params import JobParams
+from vidserve.requests import GenerationRequest
+from vidserve.storage import LocalStorage
+from vidserve.telemetry import Metrics
+from vidserve.webhooks import WebhookSender, generate_secret
+from vidserve.workers.runner import JobRunner
+
+# What a client sends: every field away from its default, on wan-tiny (33-frame chunks), so
+# 65 frames is a two-chunk chain and per-chunk prompts and caption_chain apply.
+BODY = {"model": "wan-tiny", "prompt": "a red fox", "size": "96x80", "num_frames": 65, "fps": 12,
+        "num_inference_steps": 3, "guidance_scale": 2.5, "seed": 1234, "negative_prompt": "blurry",
+        "prompts": ["the fox sits", "the fox runs"], "drift_correction": "none",
+        "attention": {"mode": "topk", "density": 0.25, "tile": [2, 4, 4]},
+        "cache": {"kind": "first_block", "threshold": 0.1}, "prompt_extend": True, "caption_chain": True}
+# Multipart carries every field as a string, structured ones as JSON.
+FORM = {k: json.dumps(v) if isinstance(v, (dict, list)) else str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in BODY.items()}
+
+# JobParams field -> (the value the job keeps, the video object's key, the value it shows there).
+# None as the key: the field is the worker's alone (the video object shows its effect elsewhere).
+WALK = {
+    "width": (96, "size", "96x80"),
+    "height": (80, "size", "96x80"),
+    "num_frames": (65, "num_frames", 65),
+    "fps": (12, "fps", 12),
+    "steps": (3, "num_inference_steps", 3),
+    "guidance": (2.5, "guidance_scale", 2.5),
+    "seed": (1234, "seed", 1234),
+    "negative_prompt": ("blurry", "negative_prompt", "blurry"),
+    "chunk_frames": ((33, 33), None, None),
+    "prompts": (("the fox sits", "the fox runs"), "prompts", ["the fox sits", "the fox runs"]),
+    "drift_correction": ("none", "drift_correction", "none"),
+    "attention": ({"mode": "topk", "density": 0.25, "tile": (2, 4, 4)}, "attention",
+                  {"mode": "topk", "density": 0.25, "tile": [2, 4, 4]}),
+    "cache": ({"kind": "first_block", "threshold": 0.1}, "cache", {"kind": "first_block", "threshold": 0.1}),
+    "prompt_extend": (True, "prompt_extend", True),
+    "caption_chain": (True, "caption_chain", True),
+    "seconds": ("5.33333", "seconds", "5.33333"),  # (65 - 1) / 12
+    "source_frames": (0, None, None),  # walked by the extension test below
+}
+
+
+def test_every_field_has_a_walk():
+    assert set(WALK) == set(JobParams.model_fields)
+    request_fields = {f.name for f in dataclasses.fields(GenerationRequest)} - {"model", "prompt", "image", "continuing"}
+    assert request_fields <= set(JobParams.model_fields), "a GenerationRequest field the job record does not keep"
+
+
+class RecordingQueue:
+    """Takes jobs and runs none: the walk is about what reaches the worker, not the frames."""
+
+    def __init__(self):
+        self.submitted = []
+        self.alive = True
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+    def submit(self, job) -> None:
+        self.submitted.append(job.id)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def api(request, tmp_path):
+    # A chat endpoint is configured (never called here), so prompt_extend and caption_chain are accepted.
+    settings = Settings(data_dir=tmp_path / "data", chat_model="", chat_url="http://127.0.0.1:9/v1")
+    if request.param == "sqlite":
+        store = SQLiteJobStore(tmp_path / "jobs.sqlite")
+    else:
+        store = RedisJobStore(request.getfixturevalue("redis_url"), prefix=f"walk-{uuid.uuid4().hex}")
+    storage = LocalStorage(tmp_path / "files")
+    services = Services(settings, store, storage, RecordingQueue(), Metrics(), WebhookSender(generate_secret()))
+    with TestClient(create_app(settings, services)) as client:
+        yield client, services, JobRunner(settings, store, storage)
+
+
+def _stored_value(value):
+    return value.model_dump(exclude_unset=False) if hasattr(value, "model_dump") else value
+
+
+def assert_walked(job, video, runner, walk=WALK, source=None):
+    request = runner.request_for(job, source)
+    for name, (kept, video_key, shown) in walk.items():
+        value = getattr(job.params, name)
+        if isinstance(kept, dict):  # options: the fields sent, over the server's defaults
+            assert {k: _stored_value(value)[k] for k in kept} == kept, name
+        else:
+            assert value == kept, name
+        if name not in ("seconds", "source_frames"):
+            carried = getattr(request, name)
+            assert (tuple(carried) if isinstance(carried, list) else carried) == value, f"request.{name}"
+        if video_key is not None:
+            got = video[video_key]
+            assert ({k: got[k] for k in shown} if isinstance(shown, dict) else got) == shown, f"video.{video_key}"
+    assert request.continuing == (job.params.source_frames > 0)
+    assert (request.model, request.prompt) == (job.model, job.prompt)
+
+
+@pytest.mark.parametrize("encoding", ["json", "multipart"])
+def test_fields_walk_create_record_worker_video_remix(api, encoding):
+    client, services, runner = api
+    response = (client.post("/v1/videos", json=BODY) if encoding == "json"
+                else client.post("/v1/videos", data=FORM))
+    assert response.status_code == 200, response.text
+    video = response.json()
+    job = services.store.get(video["id"])
+    assert_walked(job, video, runner)
+    assert client.get(f"/v1/videos/{job.id}").json() == video
+
+    remixed = client.post(f"/v1/videos/{job.id}/remix", json={"prompt": "a blue fox"})
+    assert remixed.status_code == 200, remixed.text
+    remix = services.store.get(remixed.json()["id"])
+    assert remix.params == job.params and (remix.prompt, remix.remixed_from_video_id) == ("a blue fox", job.id)
+    assert services.queue.submitted == [job.id, remix.id]
+
+
+def test_extension_walks_source_frames_and_remixes_from_the_same_source(api, tmp_path):
+    client, services, runner = api
+    frames = np.full((9, 80, 96, 3), 90, np.uint8)
+    source = encode_mp4(frames, tmp_path / "source.mp4", fps=12).read_bytes()
+    form = {k: v for k, v in FORM.items() if k not in ("size", "num_frames", "fps")}  # the source's
+    response = client.post("/v1/videos/extensions", data={**form, "seconds": "5"},
+                           files={"video": ("source.mp4", source, "video/mp4")})
+    assert response.status_code == 200, response.text
+    video = response.json()
+    job = services.store.get(video["id"])
+    # 5 s at 12 fps adds 60 frames: two 33-frame chunks that each open on the frame they continue.
+    walk = {**WALK, "num_frames": (60, "num_frames", 69), "chunk_frames": ((33, 29), None, None),
+            "seconds": ("5.66667", "seconds", "5.66667"),  # (9 + 60 - 1) / 12
+            "source_frames": (9, None, None)}
+    assert_walked(job, video, runner, walk, source=frames)
+
+    # A remix of an extension continues the same source (it never asks for a 4k+1 frame count).
+    remixed = client.post(f"/v1/videos/{job.id}/remix", json={"prompt": "a grey fox"})
+    assert remixed.status_code == 200, remixed.text
+    remix = services.store.get(remixed.json()["id"])
+    assert remix.params == job.params and remix.source_video_key != job.source_video_key
+    assert services.storage.read_bytes(remix.source_video_key) == source
+
+
+def test_one_prompt_limit_for_cli_and_api(api, capsys):
+    client, _, _ = api
+    long = "x" * 10_001
+    response = client.post("/v1/videos", json={"model": "wan-tiny", "prompt": long})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    assert cli.main(["generate", long, "--model", "wan-tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["vidserve: error: prompt is 10001 characters; the limit is 10000"]
+    assert client.post("/v1/videos", json={"model": "wan-tiny", "prompt": "x" * 10_000,
+                                           "num_inference_steps": 1}).status_code == 200

@@ -1,0 +1,87 @@
+"""How the runner ends a job when generation does not return frames: a bug fails the job
+(with its traceback in the log); only a deleted or cancelled job ends quietly."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from vidserve.config import Settings
+from vidserve.errors import ModelUnavailable
+from vidserve.jobs import Job, JobStatus
+from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.params import JobParams
+from vidserve.pipelines import chain
+from vidserve.storage import LocalStorage
+from vidserve.workers.runner import JobRunner
+
+
+@pytest.fixture
+def runner(tmp_path):
+    store = SQLiteJobStore(tmp_path / "jobs.sqlite")
+    yield JobRunner(Settings(data_dir=tmp_path / "data"), store, LocalStorage(tmp_path / "files"), worker_id="w1")
+    store.close()
+
+
+def queued(runner: JobRunner) -> Job:
+    params = JobParams(width=96, height=80, num_frames=9, fps=12, steps=2, guidance=1.0, seed=1,
+                       chunk_frames=(9,), seconds="0.66667")
+    job, _ = runner.store.create(Job(model="wan-tiny", prompt="a fox", params=params))
+    return job
+
+
+def test_a_pipeline_bug_fails_the_job_and_logs_the_traceback(runner, monkeypatch, caplog):
+    def buggy(request, *args, **kwargs):
+        return {}["frames"]  # a KeyError from a bug, not from a deleted job
+
+    monkeypatch.setattr(chain, "generate_video", buggy)
+    job = queued(runner)
+    with caplog.at_level(logging.ERROR, logger="vidserve.runner"):
+        final = runner.run(job.id)
+    assert final.status is JobStatus.failed
+    assert (final.error.code, final.error.message) == ("generation_failed", "KeyError: 'frames'")
+    assert runner.store.get(job.id).status is JobStatus.failed
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is KeyError]
+    assert logged and job.id in logged[0].getMessage()
+
+
+def test_a_job_deleted_while_running_ends_quietly_and_leaves_no_files(runner, monkeypatch, caplog):
+    def deleted_mid_run(request, device, dtype, *, on_step, **kwargs):
+        runner.storage.put_bytes(f"{job.id}/chunk-0.mp4", b"partial")
+        runner.store.delete(job.id)
+        on_step(1, 2)  # the next progress report finds the job gone
+        raise AssertionError("on_step must stop a deleted job")
+
+    monkeypatch.setattr(chain, "generate_video", deleted_mid_run)
+    job = queued(runner)
+    with caplog.at_level(logging.INFO, logger="vidserve.runner"):
+        assert runner.run(job.id) is None
+    assert runner.store.get(job.id) is None
+    assert not runner.storage.exists(f"{job.id}/chunk-0.mp4")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("JobNotFound" in r.getMessage() for r in caplog.records)
+
+
+def test_a_cancel_request_ends_the_job_cancelled_not_failed(runner, monkeypatch):
+    from vidserve import jobs
+
+    def cancelled_mid_run(request, device, dtype, *, on_step, **kwargs):
+        runner.store.update(job.id, jobs.request_cancel)
+        on_step(1, 2)
+        raise AssertionError("on_step must stop a cancelled job")
+
+    monkeypatch.setattr(chain, "generate_video", cancelled_mid_run)
+    job = queued(runner)
+    final = runner.run(job.id)
+    assert final.status is JobStatus.cancelled and final.error is None
+
+
+def test_a_model_that_cannot_be_fetched_fails_the_job_with_model_unavailable(runner, monkeypatch):
+    def offline(request, *args, **kwargs):
+        raise ModelUnavailable("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+
+    monkeypatch.setattr(chain, "generate_video", offline)
+    final = runner.run(queued(runner).id)
+    assert final.status is JobStatus.failed and final.error.code == "model_unavailable"
+    assert "hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in final.error.message
