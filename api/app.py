@@ -9,7 +9,8 @@ from fastapi import FastAPI
 from vidserve import __version__
 from vidserve.config import Settings, get_settings
 
-from . import errors
+from . import errors, openapi
+from .body_limit import BodyLimit
 from .routers import chat, health, metrics, models, playground, videos
 from .services import Services, build_services
 
@@ -29,6 +30,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(title="vidserve", version=__version__, lifespan=lifespan)
     app.state.services = services
     errors.install(app)
+    openapi.install(app)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     for router in (videos.router, chat.router, models.router, health.router, metrics.router, playground.router):
         app.include_router(router)
     return app

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from vidserve.options import RepetitionOptions
+
+from .forms import MAX_JSON_DEPTH, nesting_depth
 
 
 class _Strict(BaseModel):
@@ -50,6 +52,13 @@ class JSONSchema(_Strict):
     schema_: dict = Field(alias="schema")
     strict: bool | None = None
 
+    @field_validator("schema_")
+    @classmethod
+    def _shallow(cls, schema: dict) -> dict:  # the grammar compiler walks it recursively
+        if nesting_depth(schema) > MAX_JSON_DEPTH:
+            raise ValueError(f"nests deeper than {MAX_JSON_DEPTH} levels of lists and objects")
+        return schema
+
 
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
@@ -65,7 +74,7 @@ class ChatCompletionCreate(_Strict):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63, description="0 to 2^63-1, as for videos.")
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     response_format: ResponseFormat | None = None
@@ -80,6 +89,15 @@ class ChatCompletionCreate(_Strict):
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stops
+
+    @field_validator("response_format")
+    @classmethod
+    def _no_stop_inside_json(cls, response_format: ResponseFormat | None, info: ValidationInfo):
+        # A stop string could end the answer mid-structure, and a JSON answer that stops must parse.
+        if response_format is not None and response_format.type != "text" and info.data.get("stop"):
+            raise ValueError("stop cannot be combined with a JSON response_format: a stop string could cut the "
+                             "JSON short; leave stop out (the grammar ends the answer when the JSON is complete)")
+        return response_format
 
     @property
     def repetition(self) -> RepetitionOptions:

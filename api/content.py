@@ -11,7 +11,8 @@ from fastapi.responses import Response, StreamingResponse
 from vidserve.storage import Storage
 
 CHUNK_BYTES = 256 * 1024
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+# ASCII digits, at most 18, past any file's size: int() raises on a run of thousands.
+_RANGE = re.compile(r"bytes=([0-9]{0,18})-([0-9]{0,18})")
 
 
 def stored_file_response(storage: Storage, key: str, media_type: str, filename: str,

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.routing import Match
 
 from vidserve.errors import InvalidRequest, from_validation_error
 
+log = logging.getLogger("vidserve.api")
+
+# What the job stores raise while their database is away: SQLite locked or unreadable,
+# Redis down or not answering. Any request then is a 503 the client can retry.
+STORE_UNAVAILABLE = (sqlite3.OperationalError, RedisConnectionError, RedisTimeoutError)
+STORE_RETRY_SECONDS = 5
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          409: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          405: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
           429: "rate_limit_error"}
 
 
@@ -46,6 +59,33 @@ def install(app: FastAPI) -> None:
         return error_response(400, error.message, error.param, error.code)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return error_response(exc.status_code, str(exc.detail), None, code, getattr(exc, "headers", None))
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 413: "file_too_large"}.get(exc.status_code)
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Starlette names only the first matching route's methods
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+        return error_response(exc.status_code, str(exc.detail), None, code, headers)
+
+    async def store_unavailable(request: Request, exc: Exception):
+        log.warning("%s %s: job store unavailable: %s", request.method, request.url.path, exc)
+        return error_response(503, "the job store is unavailable; retry shortly", code="store_unavailable",
+                              headers={"Retry-After": str(STORE_RETRY_SECONDS)})
+
+    for error in STORE_UNAVAILABLE:
+        app.add_exception_handler(error, store_unavailable)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception):
+        # A bug. Starlette raises the exception again once this response is sent, so the
+        # server logs its traceback; the client still gets the OpenAI shape.
+        return error_response(500, "internal server error", code="internal_error")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (several routes may share one path)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match is not Match.NONE and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return sorted(methods)

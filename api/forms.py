@@ -1,10 +1,12 @@
 """Reading request bodies the way OpenAI's SDK sends them: JSON, or multipart/form-data
-with files, JSON-valued fields and bracketed keys (`video[id]`), under a size limit."""
+with files, JSON-valued fields and bracketed keys (`video[id]`), under a size limit (the
+whole body's is `body_limit.BodyLimit`'s) and a nesting limit."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from fastapi import Request
@@ -18,21 +20,17 @@ from .errors import APIError
 
 # Multipart carries every field as a string; these hold JSON.
 JSON_FIELDS = ("metadata", "attention", "cache", "prompts")
+# Levels of lists and objects one field's value may have: far more than any real request,
+# and far fewer than the ~1000 at which Python's json gives up with a RecursionError.
+MAX_JSON_DEPTH = 32
 
 
 async def read_body(request: Request, limit: int, file_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict]:
     """The fields of a JSON or form body, and the bytes of the named file fields present."""
-    if int(request.headers.get("content-length") or 0) > limit + 64 * 1024:
-        raise APIError(413, f"request body is larger than the {limit} byte upload limit", code="file_too_large")
     content_type = request.headers.get("content-type", "")
     if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         return await _read_form(request, limit, file_fields)
-    try:
-        fields = json.loads(await request.body() or b"{}")
-    except ValueError as exc:
-        raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(fields, dict):
-        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    fields = _parse_object(await request.body() or b"{}")
     files = {}
     if "input_reference" in file_fields and fields.get("input_reference") is not None:
         files["input_reference"] = _reference_bytes(fields.pop("input_reference"), limit)
@@ -52,15 +50,84 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
             files[key] = await value.read()
         elif "[" in key and key.endswith("]"):  # video[id]=... is how the SDK sends {"video": {"id": ...}}
             outer, inner = key[:-1].split("[", 1)
-            fields.setdefault(outer, {})[inner] = value
+            nested = fields.setdefault(outer, {})
+            if not isinstance(nested, dict):
+                raise APIError(400, f"{outer} is given both as a value and as {key}", param=outer)
+            nested[inner] = value
         elif key in JSON_FIELDS:
-            try:
-                fields[key] = json.loads(value)
-            except ValueError:
-                raise APIError(400, f"{key} must be JSON", param=key) from None
+            fields[key] = _parse_field(key, value)
         else:
             fields[key] = value
     return fields, files
+
+
+def _parse_object(raw: bytes) -> dict[str, Any]:
+    """A JSON body: an object whose fields each nest at most MAX_JSON_DEPTH levels."""
+    try:
+        fields = json.loads(raw)
+    except RecursionError:
+        raise _too_deep(_field_too_deep_to_parse(raw)) from None
+    except ValueError as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(fields, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    for key, value in fields.items():
+        if nesting_depth(value) > MAX_JSON_DEPTH:
+            raise _too_deep(key)
+    return fields
+
+
+def _parse_field(key: str, value: str) -> Any:
+    try:
+        parsed = json.loads(value)
+    except RecursionError:
+        raise _too_deep(key) from None
+    except ValueError:
+        raise APIError(400, f"{key} must be JSON", param=key) from None
+    if nesting_depth(parsed) > MAX_JSON_DEPTH:
+        raise _too_deep(key)
+    return parsed
+
+
+def nesting_depth(value: Any) -> int:
+    """Levels of lists and objects in a parsed JSON value (0 for a scalar), counted without recursion."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _field_too_deep_to_parse(raw: bytes) -> str | None:
+    """Which field of a JSON object nests too deep for json to parse at all: the fields are
+    decoded one at a time until one fails. None if the body is no object to tell."""
+    text, decoder = raw.decode("utf-8", "replace"), json.JSONDecoder()
+    pos = _SPACE.match(text).end()
+    if not text.startswith("{", pos):
+        return None
+    try:
+        while True:
+            key, pos = decoder.raw_decode(text, _SPACE.match(text, pos + 1).end())  # past "{" or ","
+            pos = _SPACE.match(text, pos).end() + 1  # past ":"
+            try:
+                _, pos = decoder.raw_decode(text, _SPACE.match(text, pos).end())
+            except RecursionError:
+                return key if isinstance(key, str) else None
+            pos = _SPACE.match(text, pos).end()
+    except (ValueError, RecursionError):  # not an object json could read, or a key nested that deep
+        return None
+
+
+def _too_deep(param: str | None) -> APIError:
+    what = param or "request body"
+    return APIError(400, f"{what} nests deeper than {MAX_JSON_DEPTH} levels of lists and objects", param=param,
+                    code="json_too_deep")
 
 
 def _reference_bytes(reference: Any, limit: int) -> bytes:

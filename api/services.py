@@ -4,16 +4,18 @@ once per app and handed to routes as a dependency (tests build their own)."""
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import Request
 
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStore
+from vidserve.keys import KeyRing
+from vidserve.ratelimit import LocalRateLimiter, RateLimiter
 from vidserve.storage import LocalStorage, Storage
 from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, load_or_create_secret
+from vidserve.webhooks import WebhookSender, build_sender
 
 
 class JobQueue(Protocol):
@@ -33,8 +35,15 @@ class Services:
     metrics: Metrics
     webhooks: WebhookSender
     chat: Any = None  # the LLM engine (pipelines.llm.engine.LLMEngine), or None when chat is off
+    keyring: KeyRing | None = None  # None: the settings' keys
+    limiter: RateLimiter = field(default_factory=LocalRateLimiter)
+
+    def __post_init__(self) -> None:
+        if self.keyring is None:
+            self.keyring = KeyRing.from_settings(self.settings.keys, self.settings.keys_file)
 
     def start(self) -> None:
+        self.webhooks.resume_pending()  # before new events, so each receiver gets the older ones first
         if self.chat is not None:
             self.chat.start()
         self.queue.start()
@@ -56,27 +65,31 @@ def build_services(settings: Settings) -> Services:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     storage = LocalStorage(settings.data_dir / "files")
     metrics = Metrics()
-    webhooks = WebhookSender(load_or_create_secret(settings))
     chat = build_chat_engine(settings, metrics)
     if settings.queue == "celery":
         from vidserve.jobstore_redis import RedisJobStore
+        from vidserve.ratelimit import RedisRateLimiter
         from vidserve.workers.celery_app import CeleryQueue
 
         store = RedisJobStore(settings.redis_url)
+        webhooks = build_sender(settings, store)
         queue = CeleryQueue(settings, store, webhooks)
+        limiter: RateLimiter = RedisRateLimiter(settings.redis_url)
     else:
         from vidserve.jobstore_sqlite import SQLiteJobStore
         from vidserve.workers.embedded import EmbeddedQueue
         from vidserve.workers.runner import JobRunner
 
         store = SQLiteJobStore(settings.data_dir / "jobs.sqlite")
+        webhooks = build_sender(settings, store)
         from vidserve.workers.prompt_writer import EngineWriter
 
         runner = JobRunner(settings, store, storage, metrics, webhooks, worker_id=f"embedded-{secrets.token_hex(4)}",
                            writer=EngineWriter(chat) if chat is not None else None)
         queue = EmbeddedQueue(store, runner)
+        limiter = LocalRateLimiter()
     metrics.watch(store)
-    return Services(settings, store, storage, queue, metrics, webhooks, chat)
+    return Services(settings, store, storage, queue, metrics, webhooks, chat, limiter=limiter)
 
 
 def build_chat_engine(settings: Settings, metrics: Metrics):

@@ -6,24 +6,31 @@ from __future__ import annotations
 import io
 
 from vidserve.jobs import Job, JobStatus
-from vidserve.media import last_frame, load_image, read_video_bytes
+from vidserve.keys import Caller
+from vidserve.config import Settings
+from vidserve.media import load_image, probe_video, read_last_frame
+from vidserve.outbound import check_url
 from vidserve.params import JobParams
-from vidserve.registry import resolve
-from vidserve.requests import build_request, check_prompt
+from vidserve.registry import ModelSpec, resolve, resolve_local
+from vidserve.requests import GenerationRequest, build_request, check_prompt
+from vidserve.telemetry import ANONYMOUS_LABEL
 
 from .errors import APIError, not_found
 from .schemas import VideoCreate, VideoExtend, _JobFields
 from .services import Services
 
 
-def submit_video(svc: Services, body: VideoCreate, image_bytes: bytes | None, *, idempotency_key: str | None = None,
-                 request_hash: str | None = None) -> Job:
-    spec = resolve(body.model or svc.settings.default_model)
+def submit_video(svc: Services, caller: Caller, body: VideoCreate, image_bytes: bytes | None, *,
+                 idempotency_key: str | None = None, request_hash: str | None = None) -> Job:
+    spec = _model_spec(svc, body.model, svc.settings.default_model)
     image = load_image(image_bytes, svc.settings.max_image_pixels) if image_bytes is not None else None
     request = build_request(spec, svc.settings, body.prompt, size=body.size, seconds=body.seconds,
                             num_frames=body.num_frames, fps=body.fps, image=image, **_options(body))
+    _check_request_quotas(svc, caller, request)
     seconds = f"{body.seconds:g}" if body.seconds is not None else f"{request.seconds:g}"
-    job = _job(svc, spec.name, request.prompt, JobParams.of(request, seconds), webhook_url=body.webhook_url,
+    if idempotency_key is not None and caller.name is not None:
+        idempotency_key = f"{caller.name}:{idempotency_key}"  # one key's retries never find another key's job
+    job = _job(svc, caller, spec.name, request.prompt, JobParams.of(request, seconds), webhook_url=body.webhook_url,
                metadata=body.metadata, idempotency_key=idempotency_key, request_hash=request_hash)
     if image is not None:
         buffer = io.BytesIO()
@@ -32,45 +39,47 @@ def submit_video(svc: Services, body: VideoCreate, image_bytes: bytes | None, *,
     return _enqueue(svc, job)
 
 
-def submit_extension(svc: Services, body: VideoExtend, upload: bytes | None) -> Job:
+def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: bytes | None) -> Job:
     """A job continuing a video from its last frame; its content is the source + the new frames."""
     if (body.video is None) == (upload is None):
         raise APIError(400, "give the video to extend: either video={\"id\": ...} or an uploaded MP4 file",
                        param="video")
     if body.video is not None:
         source_job = svc.store.get(body.video.id)
-        if source_job is None:
+        if source_job is None or not caller.sees(source_job.owner):
             raise not_found(body.video.id)
         if source_job.status is not JobStatus.completed:
             raise APIError(409, f"video {source_job.id} is {source_job.status.value}; only a completed video "
                                 "can be extended", param="video", code="video_not_ready")
         source_bytes = svc.storage.read_bytes(source_job.outputs["video"])
-        model = body.model or source_job.model
+        model = source_job.model
         steps, guidance = source_job.params.steps, source_job.params.guidance
     else:
-        source_bytes, model, steps, guidance = upload, body.model or svc.settings.default_model, None, None
-    frames, fps = _decode_video(source_bytes)
-    spec = resolve(model)
+        source_bytes, model, steps, guidance = upload, svc.settings.default_model, None, None
+    last, source_frames, fps = _decode_video(svc.settings, source_bytes)
+    spec = _model_spec(svc, body.model, model)
     options = _options(body)
     # A referenced video's extension denoises like the video did, unless told otherwise.
     options["steps"] = options["steps"] if options["steps"] is not None else steps
     options["guidance"] = options["guidance"] if options["guidance"] is not None else guidance
-    height, width = frames.shape[1:3]
+    width, height = last.size
     request = build_request(spec, svc.settings, body.prompt, size=f"{width}x{height}", seconds=body.seconds,
-                            fps=round(fps), image=last_frame(frames), continuing=True, **options)
-    total = len(frames) + request.num_frames
-    params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=len(frames))
-    job = _job(svc, spec.name, request.prompt, params, webhook_url=body.webhook_url, metadata=body.metadata,
+                            fps=round(fps), image=last, continuing=True, **options)
+    _check_request_quotas(svc, caller, request)
+    total = source_frames + request.num_frames
+    _check_extended_length(svc.settings, total, request.fps)
+    params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=source_frames)
+    job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url, metadata=body.metadata,
                extends_video_id=body.video.id if body.video else None)
     job.source_video_key = svc.storage.put_bytes(f"{job.id}/source.mp4", source_bytes)
     return _enqueue(svc, job)
 
 
-def submit_remix(svc: Services, source: Job, prompt: str) -> Job:
+def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str) -> Job:
     """The same job with a new prompt: every parameter, the first frame, and for an extension
     the video it continues, are the source's."""
     check_prompt(prompt, svc.settings)
-    job = _job(svc, source.model, prompt, source.params, webhook_url=source.webhook_url,
+    job = _job(svc, caller, source.model, prompt, source.params, webhook_url=source.webhook_url,
                    metadata=source.metadata, remixed_from_video_id=source.id, extends_video_id=source.extends_video_id)
     if source.input_image_key:
         job.input_image_key = svc.storage.copy(source.input_image_key, f"{job.id}/input.png")
@@ -86,16 +95,48 @@ def _options(body: _JobFields) -> dict:
                 prompt_extend=body.prompt_extend, caption_chain=body.caption_chain, cache=body.cache)
 
 
-def _job(svc: Services, model: str, prompt: str, params: JobParams, **fields) -> Job:
+def _job(svc: Services, caller: Caller, model: str, prompt: str, params: JobParams, *, webhook_url: str | None,
+         **fields) -> Job:
     if (params.prompt_extend or params.caption_chain) and svc.chat is None and not svc.settings.chat_url:
         param = "prompt_extend" if params.prompt_extend else "caption_chain"
         raise APIError(400, f"{param} needs the LLM path, and this server runs no chat model "
                        "(set VIDSERVE_CHAT_MODEL, or VIDSERVE_CHAT_URL for workers)", param=param)
-    queued = len(svc.store.with_status([JobStatus.queued]))
+    if webhook_url:  # a receiver the server would refuse to call is bad input now, not a failed delivery later
+        check_url(webhook_url, svc.settings.allow_private_urls, param="webhook_url")
+    active = svc.store.with_status([JobStatus.queued, JobStatus.in_progress])
+    queued = sum(job.status is JobStatus.queued for job in active)
     if queued >= svc.settings.max_queued:
-        raise APIError(429, f"the queue is full ({queued} jobs waiting); try again later", code="queue_full",
-                       headers={"Retry-After": "30"})
-    return Job(model=model, prompt=prompt, max_attempts=svc.settings.max_attempts, params=params, **fields)
+        _reject(svc, caller, "max_queued")
+        raise APIError(429, f"the queue is full ({queued} jobs waiting); try again later", param="max_queued",
+                       code="queue_full", headers={"Retry-After": "30"})
+    if caller.name is not None:
+        limit = caller.limit("max_active_jobs", svc.settings.key_max_active_jobs)
+        own = sum(job.owner == caller.name for job in active)
+        if limit and own >= limit:
+            _reject(svc, caller, "max_active_jobs")
+            raise APIError(429, f"API key {caller.name!r} has {own} jobs queued or running, its limit "
+                                f"(max_active_jobs {limit}); retry when one finishes", param="max_active_jobs",
+                           code="quota_exceeded", headers={"Retry-After": "30"})
+    return Job(model=model, prompt=prompt, max_attempts=svc.settings.max_attempts, params=params,
+               owner=caller.name, webhook_url=webhook_url, **fields)
+
+
+def _check_request_quotas(svc: Services, caller: Caller, request: GenerationRequest) -> None:
+    """A key's own maxima, tighter than the server's (which build_request applies). A 400, not
+    a 429: the same request would be refused again, however long the client waits."""
+    asked = {"max_seconds": ((request.num_frames - 1) / request.fps, "seconds"),
+             "max_side": (max(request.width, request.height), "size"),
+             "max_steps": (request.steps, "num_inference_steps")}
+    for quota, (value, param) in asked.items():
+        limit = getattr(caller.quotas, quota)
+        if limit is not None and value > limit:
+            _reject(svc, caller, quota)
+            raise APIError(400, f"{param}: API key {caller.name!r} may ask for at most {quota} {limit:g}; "
+                                f"this request asks for {value:g}", param=param, code="quota_exceeded")
+
+
+def _reject(svc: Services, caller: Caller, limit: str) -> None:
+    svc.metrics.key_rejected.labels(caller.name or ANONYMOUS_LABEL, limit).inc()
 
 
 def _enqueue(svc: Services, job: Job) -> Job:
@@ -107,15 +148,38 @@ def _enqueue(svc: Services, job: Job) -> Job:
                            param="Idempotency-Key", code="idempotency_key_reused")
         return stored
     svc.queue.submit(stored)
+    svc.metrics.key_accepted.labels(stored.owner or ANONYMOUS_LABEL).inc()
     return stored
 
 
-def _decode_video(data: bytes):
+def _model_spec(svc: Services, asked: str | None, default: str) -> ModelSpec:
+    """A model a client names is a registry entry or a folder in model_dirs, never another path;
+    the default (the server's, or the extended video's) was the operator's choice or resolved already."""
+    return resolve(asked, svc.settings.model_directories) if asked else resolve_local(default)
+
+
+def _decode_video(settings: Settings, data: bytes):
+    """(last frame, frame count, fps) of the video to extend. Probed first, so a video over the
+    limits is refused before any frame is decoded; then decoded one frame at a time."""
+    info = probe_video(data)
+    if info.frames == 0:
+        raise APIError(400, "the uploaded video has no frames", param="video", code="invalid_video")
+    if max(info.width, info.height) > settings.max_side:
+        raise APIError(400, f"the video is {info.width}x{info.height}; the limit is {settings.max_side} pixels a side",
+                       param="video", code="invalid_video")
+    if info.frames > settings.max_frames:
+        raise APIError(400, f"the video has {info.frames} frames; the limit is {settings.max_frames}",
+                       param="video", code="invalid_video")
     try:
-        frames, fps = read_video_bytes(data)
+        return read_last_frame(data)
     except Exception:
         raise APIError(400, "the uploaded video could not be decoded; send an MP4 (H.264)",
                        param="video", code="invalid_video") from None
-    if len(frames) == 0:
-        raise APIError(400, "the uploaded video has no frames", param="video", code="invalid_video")
-    return frames, fps
+
+
+def _check_extended_length(settings: Settings, total: int, fps: int) -> None:
+    """An extension's video is the source and the new frames, which a worker holds whole and
+    encodes: the same limits as any video apply to it."""
+    if total > settings.max_frames or (total - 1) / fps > settings.max_seconds:
+        raise APIError(400, f"the extended video would be {total} frames ({(total - 1) / fps:g} s); the limit is "
+                            f"{settings.max_frames} frames or {settings.max_seconds:g} seconds", param="seconds")

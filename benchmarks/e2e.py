@@ -220,14 +220,14 @@ def main() -> None:
     from vidserve.config import Settings
     from vidserve.options import LoadOptions
     from vidserve.pipelines.video import get_pipeline
-    from vidserve.registry import resolve
+    from vidserve.registry import resolve_local
     from vidserve.requests import build_request
 
     load_before = os.getloadavg()[0]  # before this process loads the box itself
     tmp = tempfile.TemporaryDirectory(prefix="vidserve-e2e-")
     folder = Path(tmp.name)
     build_model(folder, args.vae)
-    spec = resolve(str(folder))
+    spec = resolve_local(str(folder))
     grid = spec.token_grid(args.frames, width, height)
 
     # (a) as a diffusers user runs it (on CUDA with the VAE in float32, as vidserve keeps it).

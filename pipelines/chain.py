@@ -18,7 +18,7 @@ from PIL import Image, ImageOps
 
 from vidserve.drift import Anchor, DriftMetrics, chain
 from vidserve.options import LoadOptions
-from vidserve.registry import resolve
+from vidserve.registry import resolve_local
 from vidserve.requests import GenerationRequest
 
 from .video import StepCallback, VideoPipeline, get_pipeline
@@ -82,11 +82,11 @@ def generate_video(request: GenerationRequest, device: str = "auto", dtype: str 
     """`caption` (the LLM path) is required when the request asks for `caption_chain`."""
     if request.caption_chain and caption is None:
         raise RuntimeError("caption_chain needs a chat model to caption frames, and none is configured")
-    spec = resolve(request.model)
+    spec = resolve_local(request.model)  # the API resolved it already, or the CLI's operator named it
     start = time.perf_counter()  # ~0 once the models are resident
     first = get_pipeline(spec, device, dtype, load)
     chained = request.continuing or len(request.chunk_frames) > 1
-    continuation = get_pipeline(resolve(spec.continues_with), device, dtype, load) if chained else None
+    continuation = get_pipeline(resolve_local(spec.continues_with), device, dtype, load) if chained else None
     generator = _ChunkGenerator(request, first, continuation, on_step, time.perf_counter() - start, caption)
 
     condition = anchor = None

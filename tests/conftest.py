@@ -8,6 +8,7 @@ import socket
 import subprocess
 from typing import Iterator
 
+import netns
 import pytest
 from polling import eventually
 
@@ -16,6 +17,19 @@ from polling import eventually
 # wan-shapes / vlm-shapes tests do. Set before any Settings is built; servers inherit it.
 os.environ.setdefault("VIDSERVE_DEFAULT_MODEL", "wan-tiny")
 os.environ.setdefault("VIDSERVE_CHAT_MODEL", "vlm-tiny")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "own_network_namespace: the test body runs where only loopback exists "
+                                       "(tests/netns.py)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    if pyfuncitem.get_closest_marker("own_network_namespace") and not netns.isolated():
+        netns.run_isolated(pyfuncitem)
+        return True  # the body ran, in the inner process
+    return None
 
 
 def _free_port() -> int:
@@ -72,6 +86,8 @@ from servers import Server, Worker  # noqa: E402
 
 # Short leases so a killed worker's job is noticed in seconds, not half a minute.
 FAST_LEASE = {"VIDSERVE_LEASE_SECONDS": "2"}
+# The contract tests' webhook receivers listen on loopback, which the server refuses by default.
+LOOPBACK_WEBHOOKS = {"VIDSERVE_ALLOW_PRIVATE_URLS": "1"}
 
 
 class Backend:
@@ -83,7 +99,7 @@ class Backend:
 
 def _embedded(tmp_path_factory) -> Iterator[Backend]:
     data = tmp_path_factory.mktemp("embedded") / "data"
-    server = Server(data, env=FAST_LEASE).start()
+    server = Server(data, env={**FAST_LEASE, **LOOPBACK_WEBHOOKS}).start()
     try:
         yield Backend("embedded", server, data)
     finally:
@@ -95,7 +111,8 @@ _redis_dbs = iter(range(1, 16))
 
 def _celery(tmp_path_factory, redis_url: str, workers: int = 1) -> Iterator[Backend]:
     data = tmp_path_factory.mktemp("celery") / "data"
-    env = {**FAST_LEASE, "VIDSERVE_REDIS_URL": redis_url.rsplit("/", 1)[0] + f"/{next(_redis_dbs)}"}
+    env = {**FAST_LEASE, **LOOPBACK_WEBHOOKS,
+           "VIDSERVE_REDIS_URL": redis_url.rsplit("/", 1)[0] + f"/{next(_redis_dbs)}"}
     server = Server(data, env=env, extra=["--queue", "celery"]).start()
     started = []
     try:

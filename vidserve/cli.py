@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from vidserve.config import DEVICE_PATTERN, DTYPE_NAMES, Settings, get_settings
 from vidserve.errors import VidserveError, from_validation_error
+from vidserve.quality import output_warnings
 
 PROG = "vidserve"
 
@@ -71,11 +72,11 @@ def _cache_overrides(args: argparse.Namespace) -> dict | None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from vidserve.media import encode_mp4, load_image
-    from vidserve.registry import resolve
+    from vidserve.registry import resolve_local
     from vidserve.requests import build_request
 
     settings = _placed(_settings(args))
-    spec = resolve(args.model or settings.default_model)
+    spec = resolve_local(args.model or settings.default_model)
     image = load_image(args.image, settings.max_image_pixels) if args.image else None
     request = build_request(
         spec, settings, args.prompt, size=args.size, seconds=args.seconds, num_frames=args.frames, fps=args.fps,
@@ -105,10 +106,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
           + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items()), file=sys.stderr)
     if chunks > 1:
         print(_drift_table(result.chunks), file=sys.stderr)
+    warnings = output_warnings(result.frames)
+    for warning in warnings:
+        print(f"{PROG}: warning: {warning.code}: {warning.message}", file=sys.stderr)
     if args.report:
         report = {"output": str(output), "model": spec.name, "prompt": request.prompt, "seed": request.seed,
                   "width": request.width, "height": request.height, "fps": request.fps, "frames": len(result.frames),
                   "steps": request.steps, "drift_correction": request.drift_correction, "timings": timings,
+                  "warnings": [w.model_dump() for w in warnings],
                   "chunks": [{"index": c.index, "frames": c.frames, "drift": c.drift} for c in result.chunks]}
         Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
     return 0
@@ -156,14 +161,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _placed(_settings(args))
     if args.api_key:
         settings = settings.model_copy(update={"api_keys": ",".join(args.api_key)})
-    if not settings.keys and not _is_loopback(args.host) and not args.allow_unauthenticated:
-        raise VidserveError(f"refusing to serve {args.host} without API keys: pass --api-key KEY "
+    if args.keys_file:
+        settings = settings.model_copy(update={"keys_file": args.keys_file})
+    if not settings.keys and not settings.keys_file and not _is_loopback(args.host) and not args.allow_unauthenticated:
+        raise VidserveError(f"refusing to serve {args.host} without API keys: pass --api-key KEY or --keys-file "
                             "(or VIDSERVE_API_KEYS), or --allow-unauthenticated if a proxy in front does auth")
+    from vidserve.keys import KeyRing
+
+    KeyRing.from_settings(settings.keys, settings.keys_file)  # a bad keys file stops here, in one line
     import uvicorn
 
     from vidserve.api.app import create_app
 
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_hash_key(args: argparse.Namespace) -> int:
+    import secrets
+
+    from vidserve.keys import key_digest
+
+    key = args.key or "vs-" + secrets.token_urlsafe(32)
+    if not args.key:
+        print(f"# the new key (give it to the client; it is not stored): {key}")
+    print(f'[[keys]]\nname = "{args.name}"\nsha256 = "{key_digest(key)}"\nrole = "user"')
     return 0
 
 
@@ -251,6 +273,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--redis-url", help=f"Redis for --queue celery (default: {s.redis_url})")
     serve.add_argument("--api-key", action="append", help="accept this Bearer key (repeatable; default: "
                        + ("VIDSERVE_API_KEYS)" if s.keys else "none, no auth)"))
+    serve.add_argument("--keys-file", type=Path, help="TOML/JSON file of named keys with roles and quotas "
+                       f"(default: {s.keys_file or 'none'}); see 'vidserve hash-key'")
     serve.add_argument("--allow-unauthenticated", action="store_true",
                        help="serve a non-loopback address without API keys")
     _add_placement_flags(serve, s)
@@ -273,6 +297,12 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                                            f"http://api:8000/v1 (default: {s.chat_url or 'none'})")
     _add_load_flags(worker, s)
     worker.set_defaults(func=cmd_worker)
+
+    hash_key = sub.add_parser("hash-key", help="print a keys-file entry for an API key (its SHA-256)",
+                              description="Print a keys-file entry for an API key: the file holds only its SHA-256.")
+    hash_key.add_argument("name", help="the key's name, recorded on its jobs and in metrics")
+    hash_key.add_argument("key", nargs="?", help="the key (default: a new random one, printed once)")
+    hash_key.set_defaults(func=cmd_hash_key)
 
     models = sub.add_parser("models", help="list the model registry", description="List the model registry.")
     models.set_defaults(func=cmd_models)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,6 +23,9 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(Path("./data"), description="Job database, outputs and exported models live here.")
     default_model: str = Field("wan-shapes", description="Model used when a request names none.")
+    model_dirs: str = Field("", description="Folders of diffusers model folders that requests may name as their "
+                            "model (by folder name), separated by ',' or os.pathsep; registry names always work, "
+                            "other paths never do (the CLI's --model still takes any folder).")
     device: str = Field("auto", pattern=f"^({DEVICE_PATTERN})$",
                         description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:N'.")
     dtype: str = Field("auto", pattern=f"^({'|'.join(DTYPE_NAMES)})$",
@@ -33,7 +38,8 @@ class Settings(BaseSettings):
     max_side: int = Field(1280, gt=0, description="Largest width or height in pixels.")
     max_steps: int = Field(100, gt=0, description="Most denoising steps a request may ask for.")
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest conditioning image (width*height).")
-    max_upload_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest uploaded file.")
+    max_upload_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest uploaded file; any request body "
+                                  "(JSON, form, chunked, chat) may be this plus 64 KiB, and is read no further.")
     max_queued: int = Field(100, gt=0, description="Queued jobs past which new ones get 429.")
 
     attention: AttentionOptions = Field(AttentionOptions(), description="Default attention; JSON, e.g. "
@@ -53,7 +59,8 @@ class Settings(BaseSettings):
     chat_max_running: int = Field(16, gt=0, description="Sequences decoded together (continuous batching).")
     chat_max_waiting: int = Field(64, ge=0, description="Chat requests waiting for a slot past which new ones get 429.")
     chat_max_tokens: int = Field(4096, gt=0, description="Most tokens one answer may generate.")
-    chat_remote_images: bool = Field(False, description="Fetch http(s) image URLs (never private or loopback hosts).")
+    chat_remote_images: bool = Field(False, description="Fetch http(s) image URLs (public hosts only, unless "
+                                     "allow_private_urls).")
     chat_url: str | None = Field(None, description="Chat endpoint distributed workers call for prompt extension "
                                  "and captions, e.g. http://api-host:8000/v1; embedded mode calls in-process.")
 
@@ -66,13 +73,33 @@ class Settings(BaseSettings):
 
     # HTTP.
     api_keys: str = Field("", description="Comma-separated keys for 'Authorization: Bearer'; empty: no auth.")
+    keys_file: Path | None = Field(None, description="TOML/JSON file of named keys: SHA-256, role, quotas "
+                                   "(see vidserve/keys.py).")
+    key_max_active_jobs: int = Field(20, ge=0, description="Queued + running jobs per API key, for keys "
+                                     "that set none (0: unlimited).")
+    key_requests_per_minute: int = Field(0, ge=0, description="Requests per minute per API key, for keys "
+                                         "that set none (0: unlimited).")
     webhook_url: str | None = Field(None, description="Default webhook for jobs that name none.")
     webhook_secret: str | None = Field(None, description="whsec_... signing secret; made and kept in data_dir if unset.")
+    webhook_workers: int = Field(4, gt=0, description="Webhook deliveries in flight at once; each receiver still "
+                                 "gets its events one at a time, in order.")
+    allow_private_urls: bool = Field(False, description="Let webhook and chat image URLs reach loopback, private and "
+                                     "link-local addresses (tests, trusted networks); off, they are refused with 400.")
 
     @property
     def load(self) -> LoadOptions:
         return LoadOptions(quantization=self.quantization, compile=self.compile, offload=self.offload,
                            vae_tiling=self.vae_tiling)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body on any route: the largest upload, and room for a form's other fields."""
+        return self.max_upload_bytes + 64 * 1024
+
+    @property
+    def model_directories(self) -> tuple[Path, ...]:
+        return tuple(Path(d.strip()).expanduser() for d in re.split(f"[,{re.escape(os.pathsep)}]", self.model_dirs)
+                     if d.strip())
 
     @property
     def keys(self) -> frozenset[str]:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 from pydantic import BaseModel, Field
 
 from vidserve.params import JobParams
+from vidserve.quality import OutputWarning
 
 
 class JobStatus(str, Enum):
@@ -58,6 +59,7 @@ class Job(BaseModel):
     source_video_key: str | None = None  # the MP4 an extension continues (copied or uploaded)
     extends_video_id: str | None = None
     error: JobError | None = None
+    warnings: list[OutputWarning] = Field(default_factory=list)  # a completed video that looks wrong (quality.py)
     extended_prompt: str | None = None  # the LLM's rewrite of `prompt` (prompt_extend), what was generated
     attempts: int = 0
     max_attempts: int = 2
@@ -70,6 +72,7 @@ class Job(BaseModel):
     webhook_url: str | None = None
     metadata: dict[str, str] | None = None
     remixed_from_video_id: str | None = None
+    owner: str | None = None  # the name of the API key that made it (None: a server without keys)
 
 
 class InvalidTransition(Exception):
@@ -138,11 +141,13 @@ def prompt_extended(worker_id: str, extended: str) -> Callable[[Job], None]:
     return apply
 
 
-def complete(worker_id: str, outputs: dict[str, str], timings: dict[str, float]) -> Callable[[Job], None]:
+def complete(worker_id: str, outputs: dict[str, str], timings: dict[str, float],
+             warnings: Iterable[OutputWarning] = ()) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.status, job.progress, job.completed_at = JobStatus.completed, 100, time.time()
         job.outputs, job.timings, job.lease_expires_at = dict(outputs), dict(timings), None
+        job.warnings = list(warnings)
 
     return apply
 
@@ -187,6 +192,15 @@ def recover(job: Job) -> None:
         job.status, job.progress = JobStatus.queued, 0
 
 
+class WebhookDelivery(BaseModel):
+    """A webhook event on its way, kept in the JobStore until it is delivered or given up,
+    so that a restarted server sends it again."""
+
+    url: str
+    event_id: str
+    body: str  # the event's JSON, byte for byte what every attempt sends
+
+
 class JobStore(ABC):
     """Where job records live. Implementations: SQLite (embedded), Redis (distributed)."""
 
@@ -205,13 +219,26 @@ class JobStore(ABC):
     def delete(self, job_id: str) -> bool: ...
 
     @abstractmethod
-    def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[Job], bool]:
-        """A page of jobs by creation order, starting after the job `after` (JobNotFound if there is
-        no such job); and whether more follow."""
+    def list(self, after: str | None = None, limit: int = 20, order: str = "desc",
+             owner: str | None = None) -> tuple[list[Job], bool]:
+        """A page of jobs by creation order (only `owner`'s, if given), starting after the job
+        `after` (JobNotFound if there is no such job among them); and whether more follow."""
 
     @abstractmethod
     def with_status(self, statuses: Iterable[JobStatus]) -> list[Job]:
         """All jobs in these states, oldest first (recovery, queue depth, metrics)."""
+
+    @abstractmethod
+    def add_delivery(self, delivery: WebhookDelivery) -> str:
+        """Record a webhook delivery to make; its id, for delivery_done."""
+
+    @abstractmethod
+    def pending_deliveries(self) -> list[tuple[str, WebhookDelivery]]:
+        """(id, delivery) for each recorded delivery not yet done, oldest first."""
+
+    @abstractmethod
+    def delivery_done(self, delivery_id: str) -> None:
+        """Forget a delivery: delivered, or given up."""
 
     def count_by_status(self) -> dict[JobStatus, int]:
         return {status: len(self.with_status([status])) for status in JobStatus}
@@ -238,6 +265,7 @@ def video_object(job: Job) -> dict[str, Any]:
         "remixed_from_video_id": job.remixed_from_video_id,
         "error": job.error.model_dump() if job.error else None,
         # Extensions: what exactly was generated, and how it went.
+        "warnings": [w.model_dump() for w in job.warnings],
         "negative_prompt": p.negative_prompt or None,
         "num_frames": p.source_frames + p.num_frames,
         "fps": p.fps,

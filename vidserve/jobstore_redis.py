@@ -6,7 +6,10 @@ Keys, under `prefix`:
     {prefix}:seq               counter that hands out those sequence numbers
     {prefix}:status:{status}   set of the ids in each status (for with_status)
     {prefix}:idem:{key}        idempotency key -> job id
-Every write keeps all of these in step atomically: create and delete in one script or
+    {prefix}:owner:{name}      sorted set of one API key's job ids, scored like `jobs`
+    {prefix}:deliveries        hash of pending webhook deliveries, id -> JSON
+    {prefix}:delivery_seq      counter that hands out delivery ids, in recording order
+Every write of a job keeps its keys in step atomically: create and delete in one script or
 MULTI, update through WATCH/MULTI/EXEC so a concurrent change forces a retry.
 """
 
@@ -16,21 +19,23 @@ from typing import Callable, Iterable
 
 import redis
 
-from .jobs import Job, JobNotFound, JobStatus, JobStore
+from .jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery
 
 # Runs atomically on the server: no other create can come between the idempotency check and
 # the insert (the key's GET, then SET, is a SET NX), and a job gets its sequence number in the
 # same step that makes it visible, so listing never skips a job committed late.
-# KEYS: job, jobs, seq, status set, [idem]. ARGV: id, json, job-key prefix.
+# KEYS: job, jobs, seq, status set, owner set ('' for none), [idem]. ARGV: id, json, job-key prefix.
 _CREATE = """
-if KEYS[5] then
-    local existing = redis.call('GET', KEYS[5])
+if KEYS[6] then
+    local existing = redis.call('GET', KEYS[6])
     if existing then return {0, redis.call('GET', ARGV[3] .. existing)} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {2} end
-if KEYS[5] then redis.call('SET', KEYS[5], ARGV[1]) end
+if KEYS[6] then redis.call('SET', KEYS[6], ARGV[1]) end
 redis.call('SET', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[3]), ARGV[1])
+local seq = redis.call('INCR', KEYS[3])
+redis.call('ZADD', KEYS[2], seq, ARGV[1])
+if KEYS[5] ~= '' then redis.call('ZADD', KEYS[5], seq, ARGV[1]) end
 redis.call('SADD', KEYS[4], ARGV[1])
 return {1}
 """
@@ -45,11 +50,15 @@ class RedisJobStore(JobStore):
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
+    def _jobs_key(self, owner: str | None) -> str:
+        return self._key("owner", owner) if owner is not None else self._key("jobs")
+
     def _status_key(self, status: JobStatus) -> str:
         return self._key("status", JobStatus(status).value)
 
     def create(self, job: Job) -> tuple[Job, bool]:
-        keys = [self._key("job", job.id), self._key("jobs"), self._key("seq"), self._status_key(job.status)]
+        keys = [self._key("job", job.id), self._key("jobs"), self._key("seq"), self._status_key(job.status),
+                self._jobs_key(job.owner) if job.owner is not None else ""]
         if job.idempotency_key is not None:
             keys.append(self._key("idem", job.idempotency_key))
         outcome = self._create(keys=keys, args=[job.id, job.model_dump_json(), self._key("job", "")])
@@ -94,6 +103,8 @@ class RedisJobStore(JobStore):
             pipe.multi()
             pipe.delete(key)
             pipe.zrem(self._key("jobs"), job_id)
+            if job.owner is not None:
+                pipe.zrem(self._jobs_key(job.owner), job_id)
             pipe.srem(self._status_key(job.status), job_id)
             if job.idempotency_key is not None:
                 # A stored job always owns its key (create refuses a taken one), so free it.
@@ -102,19 +113,21 @@ class RedisJobStore(JobStore):
 
         return self._redis.transaction(attempt, key, value_from_callable=True)
 
-    def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[Job], bool]:
+    def list(self, after: str | None = None, limit: int = 20, order: str = "desc",
+             owner: str | None = None) -> tuple[list[Job], bool]:
         if order not in ("asc", "desc"):
             raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
         if limit < 1:
             raise ValueError("limit must be at least 1")
         desc = order == "desc"
         start = "+inf" if desc else "-inf"
+        jobs = self._jobs_key(owner)
         if after is not None:
-            seq = self._redis.zscore(self._key("jobs"), after)
+            seq = self._redis.zscore(jobs, after)
             if seq is None:
                 raise JobNotFound(after)
             start = f"({int(seq)}"  # "(" excludes the `after` job itself
-        ids = self._redis.zrange(self._key("jobs"), start, "-inf" if desc else "+inf",
+        ids = self._redis.zrange(jobs, start, "-inf" if desc else "+inf",
                                  desc=desc, byscore=True, offset=0, num=limit + 1)
         return self._load(ids[:limit]), len(ids) > limit
 
@@ -139,6 +152,18 @@ class RedisJobStore(JobStore):
             return []
         raws = self._redis.mget([self._key("job", i) for i in ids])
         return [Job.model_validate_json(raw) for raw in raws if raw]
+
+    def add_delivery(self, delivery: WebhookDelivery) -> str:
+        delivery_id = str(self._redis.incr(self._key("delivery_seq")))
+        self._redis.hset(self._key("deliveries"), delivery_id, delivery.model_dump_json())
+        return delivery_id
+
+    def pending_deliveries(self) -> list[tuple[str, WebhookDelivery]]:
+        pending = self._redis.hgetall(self._key("deliveries"))
+        return [(i, WebhookDelivery.model_validate_json(pending[i])) for i in sorted(pending, key=int)]
+
+    def delivery_done(self, delivery_id: str) -> None:
+        self._redis.hdel(self._key("deliveries"), delivery_id)
 
     def close(self) -> None:
         self._redis.close()

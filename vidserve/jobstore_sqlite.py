@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .jobs import Job, JobNotFound, JobStatus, JobStore
+from .jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (
@@ -26,7 +26,14 @@ _SCHEMA = (
         data TEXT NOT NULL                      -- Job.model_dump_json()
     )""",
     "CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq)",
+    """CREATE TABLE IF NOT EXISTS webhook_deliveries (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,   -- recording order, the order to send them in again
+        data TEXT NOT NULL                      -- WebhookDelivery.model_dump_json()
+    )""",
 )
+# Columns added since the first schema, added to an older file when it is opened.
+_ADDED_COLUMNS = {"owner": "TEXT"}
+_OWNER_INDEX = "CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner, seq)"
 
 
 class SQLiteJobStore(JobStore):
@@ -44,6 +51,11 @@ class SQLiteJobStore(JobStore):
         with self._transaction("IMMEDIATE") as db:
             for statement in _SCHEMA:
                 db.execute(statement)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+            for column, kind in _ADDED_COLUMNS.items():
+                if column not in columns:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+            db.execute(_OWNER_INDEX)
 
     @contextmanager
     def _transaction(self, kind: str = "DEFERRED") -> Iterator[sqlite3.Connection]:
@@ -62,8 +74,9 @@ class SQLiteJobStore(JobStore):
             # The UNIQUE constraints decide: OR IGNORE skips the row on a taken idempotency key
             # (or id), and the write lock keeps the lookup below consistent with that decision.
             inserted = db.execute(
-                "INSERT OR IGNORE INTO jobs (id, status, idempotency_key, created_at, data) VALUES (?, ?, ?, ?, ?)",
-                (job.id, job.status.value, job.idempotency_key, job.created_at, job.model_dump_json()),
+                "INSERT OR IGNORE INTO jobs (id, status, idempotency_key, created_at, owner, data) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job.id, job.status.value, job.idempotency_key, job.created_at, job.owner, job.model_dump_json()),
             ).rowcount
             if inserted:
                 return job, True
@@ -93,7 +106,8 @@ class SQLiteJobStore(JobStore):
         with self._lock:
             return self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
 
-    def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[Job], bool]:
+    def list(self, after: str | None = None, limit: int = 20, order: str = "desc",
+             owner: str | None = None) -> tuple[list[Job], bool]:
         if order not in ("asc", "desc"):
             raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
         if limit < 1:
@@ -102,13 +116,15 @@ class SQLiteJobStore(JobStore):
         with self._transaction() as db:
             cursor = None
             if after is not None:
-                row = db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                row = db.execute("SELECT seq FROM jobs WHERE id = ? AND (? IS NULL OR owner = ?)",
+                                 (after, owner, owner)).fetchone()
                 if row is None:
                     raise JobNotFound(after)
                 cursor = row[0]
             rows = db.execute(
-                f"SELECT data FROM jobs WHERE ? IS NULL OR seq {cmp} ? ORDER BY seq {direction} LIMIT ?",
-                (cursor, cursor, limit + 1),  # one extra row tells whether more follow
+                f"SELECT data FROM jobs WHERE (? IS NULL OR seq {cmp} ?) AND (? IS NULL OR owner = ?) "
+                f"ORDER BY seq {direction} LIMIT ?",
+                (cursor, cursor, owner, owner, limit + 1),  # one extra row tells whether more follow
             ).fetchall()
         return [Job.model_validate_json(data) for (data,) in rows[:limit]], len(rows) > limit
 
@@ -126,6 +142,20 @@ class SQLiteJobStore(JobStore):
         with self._lock:
             counts = dict(self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
         return {status: counts.get(status.value, 0) for status in JobStatus}
+
+    def add_delivery(self, delivery: WebhookDelivery) -> str:
+        with self._lock:
+            cursor = self._db.execute("INSERT INTO webhook_deliveries (data) VALUES (?)", (delivery.model_dump_json(),))
+            return str(cursor.lastrowid)
+
+    def pending_deliveries(self) -> list[tuple[str, WebhookDelivery]]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, data FROM webhook_deliveries ORDER BY id").fetchall()
+        return [(str(i), WebhookDelivery.model_validate_json(data)) for i, data in rows]
+
+    def delivery_done(self, delivery_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM webhook_deliveries WHERE id = ?", (int(delivery_id),))
 
     def close(self) -> None:
         with self._lock:

@@ -10,9 +10,12 @@ import base64
 import binascii
 import io
 import os
+import re
+import subprocess
 import tempfile
 import uuid
 import warnings
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
@@ -93,6 +96,67 @@ def read_video_bytes(data: bytes) -> tuple[np.ndarray, float]:
         path = Path(tmp) / "video.mp4"
         path.write_bytes(data)
         return read_video(path)
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What `probe_video` reads from a video's headers and packets, without decoding a frame."""
+
+    width: int
+    height: int
+    frames: int
+
+
+PROBE_TIMEOUT_SECONDS = 30
+# Uploads are read as MP4/MOV only: left to guess, ffmpeg would follow a playlist's references
+# (an HLS file naming local paths or URLs).
+_MP4_INPUT = ["-f", "mov"]
+_VIDEO_STREAM = re.compile(r"Stream #0:[0-9]+\S*: Video: (.*)")
+_STREAM_SIZE = re.compile(r", ([0-9]{1,6})x([0-9]{1,6})[ ,]")
+_FRAME_COUNT = re.compile(r"frame=\s*([0-9]{1,12})")
+
+
+def probe_video(data: bytes) -> VideoInfo:
+    """Size and frame count of a video's first video stream, so an upload can be refused before
+    it is decoded (a few KB of MP4 can hold hundreds of large frames). ffmpeg copies the
+    stream's packets to nowhere: it demuxes, never decodes. InvalidRequest if it is no video."""
+    def invalid(reason: str) -> InvalidRequest:
+        return InvalidRequest(f"the uploaded video {reason}; send an MP4 (H.264)", param="video",
+                              code="invalid_video")
+
+    with tempfile.TemporaryDirectory(prefix="vidserve-probe-") as tmp:
+        path = Path(tmp) / "video"
+        path.write_bytes(data)
+        try:
+            run = subprocess.run([ffmpeg_exe(), "-hide_banner", "-nostdin", *_MP4_INPUT, "-i", str(path),
+                                  "-map", "0:v:0", "-c", "copy", "-f", "null", "-"], capture_output=True,
+                                 timeout=PROBE_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise invalid(f"took over {PROBE_TIMEOUT_SECONDS} s to read") from None
+    report = run.stderr.decode(errors="replace")
+    stream = _VIDEO_STREAM.search(report.split("Stream mapping:")[0])  # the input's streams, not the output's
+    if run.returncode != 0 or stream is None:
+        raise invalid("could not be read or has no video stream")
+    size, counts = _STREAM_SIZE.search(stream.group(1)), _FRAME_COUNT.findall(report)
+    if size is None or not counts:
+        raise invalid("has no readable frame size or frame count")
+    return VideoInfo(width=int(size.group(1)), height=int(size.group(2)), frames=int(counts[-1]))
+
+
+def read_last_frame(data: bytes) -> tuple[Image.Image, int, float]:
+    """(the last frame, how many frames, fps) of a video, decoding one frame at a time and
+    keeping only the latest, so memory stays one frame whatever the video's length."""
+    with tempfile.TemporaryDirectory(prefix="vidserve-read-") as tmp:
+        path = Path(tmp) / "video.mp4"
+        path.write_bytes(data)
+        reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", input_params=_MP4_INPUT)
+        meta = next(reader)
+        count, last = 0, None
+        for last in reader:
+            count += 1
+        if last is None:
+            raise ValueError("the video has no frames")
+        return Image.frombytes("RGB", meta["size"], last), count, float(meta["fps"])
 
 
 def decode_data_url(url: str, param: str, max_bytes: int) -> bytes:

@@ -1,15 +1,18 @@
 """Named model specs: what serving needs to know about a checkpoint before loading it.
 
 A spec is pure data (no torch), so the API can validate requests against it. `--model`
-accepts a registry name or a local diffusers folder, whose spec is read from its
-`model_index.json` and component configs.
+accepts a registry name or a local diffusers folder (`resolve_local`), whose spec is read
+from its `model_index.json` and component configs; API requests get registry names and the
+folders in the configured model directories only (`resolve`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 from vidserve.errors import InvalidRequest, UnknownModel
 
@@ -99,8 +102,24 @@ SERVING_FILE = "vidserve.json"
 _FAMILY_DEFAULT = {"t2v": "Wan2.1-T2V-1.3B", "i2v": "Wan2.1-I2V-14B-480P", "ti2v": "Wan2.2-TI2V-5B"}
 
 
-def resolve(name: str) -> ModelSpec:
-    """A registry name, or a local diffusers folder (its spec read from its configs)."""
+def resolve(name: str, model_dirs: Sequence[Path] = ()) -> ModelSpec:
+    """A registry name, or a diffusers folder directly inside one of `model_dirs`, named by its
+    folder name (or by the full path a job records). What a client may ask for: never any other
+    path, and an unknown name gets the same error whether or not a path by that name exists."""
+    if name in MODELS:
+        return MODELS[name]
+    for root in model_dirs:
+        root = Path(root).resolve()
+        # Lexical, so ".." cannot climb out, while a link the operator put in the folder still works.
+        folder = Path(os.path.normpath(root / name))
+        if folder.parent == root and (folder / "model_index.json").is_file():
+            return spec_from_folder(folder)
+    raise UnknownModel(name, list(MODELS), "a model folder in VIDSERVE_MODEL_DIRS")
+
+
+def resolve_local(name: str) -> ModelSpec:
+    """A registry name, or any local diffusers folder: for the operator's own choices (the CLI's
+    --model, a worker's model, the server's default) and for models the API resolved already."""
     if name in MODELS:
         return MODELS[name]
     path = Path(name).expanduser()

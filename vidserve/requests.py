@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,12 +73,17 @@ def frames_for_seconds(seconds: float, fps: int) -> int:
     return 4 * math.ceil(round(seconds * fps, 6) / 4) + 1
 
 
+# ASCII digits only: str.isdigit() also takes superscripts, which int() then refuses. Six at
+# most, so no digit string is long enough for int() to refuse either.
+_SIZE = re.compile(r"\s*([0-9]{1,6})\s*[xX]\s*([0-9]{1,6})\s*")
+
+
 def parse_size(size: str) -> tuple[int, int]:
     """'WxH' -> (width, height)."""
-    parts = size.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    match = _SIZE.fullmatch(size)
+    if match is None:
         raise InvalidRequest(f"size must look like WIDTHxHEIGHT (e.g. 832x480), got {size!r}", param="size")
-    return int(parts[0]), int(parts[1])
+    return int(match.group(1)), int(match.group(2))
 
 
 def build_request(

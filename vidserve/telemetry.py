@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from vidserve.jobs import JobStatus, JobStore
 
+ANONYMOUS_LABEL = "anonymous"  # the key label of a server without keys
 _SECONDS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
@@ -26,6 +27,15 @@ class Metrics:
                                   ["model", "status"], buckets=_SECONDS, registry=self.registry)
         self.step_time = Histogram("vidserve_denoise_step_seconds", "Seconds per denoising step.", ["model"],
                                    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=self.registry)
+        self.output_warnings = CounterMetric("vidserve_output_warnings", "Completed videos that look wrong "
+                                             "(blank, one flat colour, frozen), by model and warning code.",
+                                             ["model", "code"], registry=self.registry)
+
+        # Per API key name (never the key): what each tenant gets and is refused.
+        self.key_accepted = CounterMetric("vidserve_key_jobs_accepted", "Jobs accepted, by API key name.", ["key"],
+                                          registry=self.registry)
+        self.key_rejected = CounterMetric("vidserve_key_rejected", "Requests refused by a quota, by API key name "
+                                          "and the limit.", ["key", "limit"], registry=self.registry)
 
         self.chat = ChatMetrics(self.registry)
 
@@ -77,6 +87,13 @@ class _StoreCollector:
             by_status.add_metric([status.value], count)
         yield by_status
         depth = GaugeMetricFamily("vidserve_queue_depth", "Queued jobs per model.", labels=["model"])
-        for model, count in Counter(job.model for job in self.store.with_status([JobStatus.queued])).items():
+        active = self.store.with_status([JobStatus.queued, JobStatus.in_progress])
+        for model, count in Counter(job.model for job in active if job.status is JobStatus.queued).items():
             depth.add_metric([model], count)
         yield depth
+        by_key = GaugeMetricFamily("vidserve_key_jobs", "Queued and running jobs, by API key name.",
+                                   labels=["key", "status"])
+        for (owner, status), count in Counter((job.owner or ANONYMOUS_LABEL, job.status.value)
+                                              for job in active).items():
+            by_key.add_metric([owner, status], count)
+        yield by_key

@@ -10,8 +10,17 @@ base64-decoded part of a `whsec_...` secret. The body is an OpenAI-shaped event:
 and the event id doubles as `webhook-id`, so a receiver can dedupe retries on either.
 
 `WebhookSender.send` only enqueues: a GPU worker must never wait on someone else's server.
-One daemon thread delivers from a heap ordered by due time, so a retry waits its backoff
-in the heap instead of in a sleep, and other events go out meanwhile.
+A few delivery threads (`webhook_workers`) share the work, so a receiver that is slow to
+answer holds up one thread, not everyone's events. Each receiver URL has a lane: its events
+go out in the order they were sent, one at a time, and a retry holds back the events behind
+it. A lane's next send waits in a heap ordered by due time, so a backoff costs no thread.
+
+With a job store, every event is recorded there before it can go out and forgotten once
+delivered or given up; when the API process starts, it sends whatever any process left
+recorded (`resume_pending`), so an event that a live process was still delivering may
+arrive twice, with the same `webhook-id`. Every connection goes through
+`vidserve.outbound`, which refuses non-public addresses unless `allow_private_urls` (a
+refused send is a failed delivery, not retried).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import random
 import secrets
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -35,8 +45,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from vidserve import outbound
 from vidserve.config import Settings
-from vidserve.jobs import Job, video_object
+from vidserve.jobs import Job, JobStore, WebhookDelivery, video_object
 
 log = logging.getLogger("vidserve.webhooks")
 
@@ -96,6 +107,7 @@ class _Delivery:
     url: str
     event_id: str
     body: bytes  # fixed for the event's life, so every retry is byte-identical
+    store_id: str | None = None  # its record in the job store, if it has one
     attempts: int = 0
 
 
@@ -108,24 +120,32 @@ class WebhookSender:
     def __init__(
         self,
         secret: str,
+        store: JobStore | None = None,
+        *,
+        workers: int = 4,
         max_attempts: int = 5,
         base_delay_s: float = 1.0,
         max_delay_s: float = 60.0,
         timeout_s: float = 10.0,
+        allow_private_urls: bool = False,
     ):
         self._key = _secret_key(secret)  # fail at startup on a bad secret, not on the first event
+        self.store = store
         self.max_attempts = max_attempts
         self.base_delay_s = base_delay_s
         self.max_delay_s = max_delay_s
         self.delivered = 0
         self.failed = 0
-        self._client = httpx.Client(timeout=timeout_s)  # used by the worker thread only
+        self._client = outbound.client(allow_private_urls, timeout_s)  # shared by the delivery threads
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, _Delivery]] = []
-        self._seq = itertools.count()  # tie-breaker so the heap never compares _Delivery objects
+        self._lanes: dict[str, deque[_Delivery]] = {}  # receiver URL -> its undelivered events, oldest first
+        self._due: list[tuple[float, int, str]] = []  # heap of (when, tie-breaker, url): a lane's head may go then
+        self._seq = itertools.count()
         self._deadline: float | None = None  # set by close()
-        self._thread = threading.Thread(target=self._run, name="vidserve-webhooks", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=f"vidserve-webhooks-{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     def send(self, url: str, event_type: str, data: dict[str, Any]) -> None:
         """Queue one event for delivery to `url` and return at once."""
@@ -137,49 +157,78 @@ class WebhookSender:
         event_id = "evt_" + secrets.token_hex(16)
         event = {"id": event_id, "object": "event", "type": event_type, "created_at": int(time.time()), "data": data}
         # Serialise here so unserialisable data fails in the caller, not silently in the thread.
-        body = json.dumps(event, separators=(",", ":")).encode()
+        delivery = _Delivery(url, event_id, json.dumps(event, separators=(",", ":")).encode())
         with self._cond:
             if self._deadline is not None:
                 raise RuntimeError("WebhookSender is closed")
-            self._push(time.monotonic(), _Delivery(url, event_id, body))
+            delivery.store_id = self._record(delivery)
+            self._enqueue(delivery)
+
+    def resume_pending(self) -> int:
+        """Queue the events the job store holds as undelivered (left by an earlier process); how many."""
+        pending = self.store.pending_deliveries() if self.store is not None else []
+        with self._cond:
+            for store_id, d in pending:
+                self._enqueue(_Delivery(d.url, d.event_id, d.body.encode(), store_id))
+        if pending:
+            log.info("sending %d webhook event(s) left undelivered by an earlier process", len(pending))
+        return len(pending)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Deliver what can be delivered within `timeout` seconds, then stop the thread.
+        """Deliver what can be delivered within `timeout` seconds, then stop the threads.
 
-        Events still waiting at the deadline are dropped and counted as failed.
+        Events still waiting at the deadline are counted as failed; they stay in the job
+        store, if there is one, for the next start.
         """
         with self._cond:
             if self._deadline is None:
                 self._deadline = time.monotonic() + timeout
-            self._cond.notify()
-        self._thread.join(timeout)
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(max(0.0, self._deadline - time.monotonic()))
+        with self._cond:
+            left = sum(len(lane) for lane in self._lanes.values())
+            self._lanes.clear()
+            self._due.clear()
+            self.failed += left
+        if left:
+            log.error("webhook sender closed with %d event(s) undelivered%s", left,
+                      "; they stay in the job store for the next start" if self.store is not None else "")
+        if not any(thread.is_alive() for thread in self._threads):
+            self._client.close()  # else a thread still waits on a receiver, until its timeout
 
-    def _push(self, due: float, delivery: _Delivery) -> None:
-        """Schedule a delivery; the caller holds `self._cond`."""
-        heapq.heappush(self._heap, (due, next(self._seq), delivery))
+    def _enqueue(self, delivery: _Delivery) -> None:
+        """Add to the end of its receiver's lane; the caller holds `self._cond`."""
+        lane = self._lanes.setdefault(delivery.url, deque())
+        lane.append(delivery)
+        if len(lane) == 1:  # the receiver had nothing pending: its lane can go now
+            self._schedule(delivery.url, time.monotonic())
+
+    def _schedule(self, url: str, due: float) -> None:
+        """Let the lane's head go out at `due`; the caller holds `self._cond`."""
+        heapq.heappush(self._due, (due, next(self._seq), url))
         self._cond.notify()
 
     def _run(self) -> None:
-        with self._client:
-            while (delivery := self._next_due()) is not None:
-                self._attempt(delivery)
+        while (delivery := self._next_due()) is not None:
+            self._attempt(delivery)
 
     def _next_due(self) -> _Delivery | None:
-        """Block until a delivery is due; None once closing and nothing more can go out in time."""
+        """Block until a lane is due and take its head; None once closing and nothing more can go out in time.
+
+        A lane taken is off the heap until its head is done or rescheduled, so no other
+        thread sends to that receiver meanwhile.
+        """
         with self._cond:
             while True:
                 now = time.monotonic()
                 if self._deadline is not None:
                     # Nothing left, the deadline passed, or the next event is due after it.
-                    if not self._heap or max(now, self._heap[0][0]) > self._deadline:
-                        if self._heap:
-                            log.error("webhook sender closed with %d event(s) undelivered", len(self._heap))
-                            self.failed += len(self._heap)
-                            self._heap.clear()
+                    if not self._due or max(now, self._due[0][0]) > self._deadline:
                         return None
-                if self._heap and self._heap[0][0] <= now:
-                    return heapq.heappop(self._heap)[2]
-                self._cond.wait(self._heap[0][0] - now if self._heap else None)
+                if self._due and self._due[0][0] <= now:
+                    return self._lanes[heapq.heappop(self._due)[2]][0]
+                self._cond.wait(self._due[0][0] - now if self._due else None)
 
     def _attempt(self, d: _Delivery) -> None:
         timestamp = int(time.time())  # fresh per attempt, so retries are not rejected as stale
@@ -193,14 +242,16 @@ class WebhookSender:
         try:
             status = self._client.post(d.url, content=d.body, headers=headers).status_code
             if 200 <= status < 300:
-                self.delivered += 1
+                self._finish(d, delivered=True)
                 return
             # 429 and 5xx are the receiver's transient trouble; any other status (including
             # redirects, which the spec treats as failures) will not change on a retry.
             retryable, reason = status == 429 or status >= 500, f"HTTP {status}"
+        except outbound.URLNotAllowed as exc:  # the host resolves to a private address now
+            retryable, reason = False, f"refused: {exc.message}"
         except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
             retryable, reason = True, f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # anything else must not kill the only delivery thread
+        except Exception as exc:  # anything else must not kill a delivery thread
             retryable, reason = False, f"{type(exc).__name__}: {exc}"
 
         # Log the host only: webhook URLs often carry a token in their path or query.
@@ -212,10 +263,45 @@ class WebhookSender:
                 d.event_id, host, d.attempts, self.max_attempts, reason, delay,
             )
             with self._cond:
-                self._push(time.monotonic() + delay, d)
+                if d.url in self._lanes:  # not given up by close() meanwhile
+                    self._schedule(d.url, time.monotonic() + delay)
         else:
             log.error("webhook %s to %s: giving up after %d attempt(s): %s", d.event_id, host, d.attempts, reason)
-            self.failed += 1
+            self._finish(d, delivered=False)
+
+    def _finish(self, d: _Delivery, delivered: bool) -> None:
+        """The event is delivered or given up: forget it, and let its receiver's next event go."""
+        self._forget(d)
+        with self._cond:
+            lane = self._lanes.get(d.url)
+            if lane is None:  # close() gave up on it meanwhile, and counted it
+                return
+            if delivered:
+                self.delivered += 1
+            else:
+                self.failed += 1
+            lane.popleft()
+            if lane:
+                self._schedule(d.url, time.monotonic())
+            else:
+                del self._lanes[d.url]
+
+    def _record(self, d: _Delivery) -> str | None:
+        if self.store is None:
+            return None
+        try:
+            return self.store.add_delivery(WebhookDelivery(url=d.url, event_id=d.event_id, body=d.body.decode()))
+        except Exception:  # the event still goes out from memory; only a restart before then loses it
+            log.warning("could not record webhook %s in the job store", d.event_id, exc_info=True)
+            return None
+
+    def _forget(self, d: _Delivery) -> None:
+        if self.store is None or d.store_id is None:
+            return
+        try:
+            self.store.delivery_done(d.store_id)
+        except Exception:  # a delivery thread must not die of it; the next start sends the event again
+            log.warning("could not mark webhook %s done in the job store", d.event_id, exc_info=True)
 
 
 def load_or_create_secret(settings) -> str:
@@ -234,6 +320,12 @@ def load_or_create_secret(settings) -> str:
             out.write(generate_secret() + "\n")
         log.info("made a webhook signing secret in %s", path)
     return path.read_text().strip()
+
+
+def build_sender(settings: Settings, store: JobStore) -> WebhookSender:
+    """The process's sender as the settings configure it, recording undelivered events in `store`."""
+    return WebhookSender(load_or_create_secret(settings), store, workers=settings.webhook_workers,
+                         allow_private_urls=settings.allow_private_urls)
 
 
 def announce(webhooks: WebhookSender | None, settings: Settings, job: Job) -> None:

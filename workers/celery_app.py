@@ -19,10 +19,10 @@ from celery import Celery
 
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStatus, JobStore
-from vidserve.registry import resolve
+from vidserve.registry import resolve_local
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, announce, load_or_create_secret
+from vidserve.webhooks import WebhookSender, announce, build_sender
 
 from .prompt_writer import HTTPWriter
 from .runner import JobRunner, recover_lost_jobs
@@ -120,7 +120,7 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
     from vidserve.jobstore_redis import RedisJobStore
     from vidserve.pipelines.video import get_pipeline
 
-    spec = resolve(model)
+    spec = resolve_local(model)
     store = RedisJobStore(settings.redis_url)
     metrics = Metrics()
     if metrics_port:
@@ -129,7 +129,7 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
         start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
     writer = HTTPWriter(settings.chat_url, next(iter(settings.keys), None)) if settings.chat_url else None
     runner = JobRunner(settings, store, LocalStorage(settings.data_dir / "files"), metrics,
-                       WebhookSender(load_or_create_secret(settings)), writer=writer)
+                       build_sender(settings, store), writer=writer)
     get_pipeline(spec, settings.device, settings.dtype, settings.load)  # resident before the first job arrives
 
     app = make_celery(settings)

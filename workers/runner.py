@@ -25,6 +25,7 @@ from vidserve.drift import DriftMetrics
 from vidserve.errors import JobCancelled, VidserveError
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore, LeaseLost
 from vidserve.media import encode_mp4, last_frame, load_image, read_video_bytes, save_thumbnail
+from vidserve.quality import output_warnings
 from vidserve.requests import GenerationRequest
 from vidserve.storage import Storage
 from vidserve.telemetry import Metrics
@@ -89,7 +90,10 @@ class JobRunner:
             start = time.perf_counter()
             outputs = self._store_outputs(job, frames, request.fps)
             timings = {**result.timings, "encode": time.perf_counter() - start}
-            return self.store.update(job.id, jobs.complete(self.worker_id, outputs, timings))
+            warnings = output_warnings(frames)
+            done = self.store.update(job.id, jobs.complete(self.worker_id, outputs, timings, warnings))
+            self._report_warnings(done)
+            return done
         except (JobCancelled, JobNotFound, LeaseLost) as exc:  # cancelled, deleted, or now another worker's
             return self._end_quietly(job, exc)
         except Exception as exc:  # a bad job must fail alone, never take the worker down
@@ -143,6 +147,12 @@ class JobRunner:
             self.store.update(job.id, jobs.chunk_done(self.worker_id, chunk))
 
         return on_chunk
+
+    def _report_warnings(self, job: Job) -> None:
+        """A blank, flat or frozen video still completes, but is logged and counted as such."""
+        for warning in job.warnings:
+            log.warning("job %s (%s) completed with %s: %s", job.id, job.model, warning.code, warning.message)
+            self.metrics.output_warnings.labels(job.model, warning.code).inc()
 
     def _store_outputs(self, job: Job, frames, fps: int) -> dict[str, str]:
         with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:

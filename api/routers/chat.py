@@ -17,12 +17,12 @@ from fastapi.responses import StreamingResponse
 from vidserve.chat import to_model_messages
 from vidserve.errors import EngineOverloaded
 
-from ..auth import require_api_key
+from ..auth import authenticate
 from ..chat_schemas import ChatCompletionCreate
 from ..errors import APIError
 from ..services import Services, services
 
-router = APIRouter(prefix="/v1/chat/completions", tags=["chat"], dependencies=[Depends(require_api_key)])
+router = APIRouter(prefix="/v1/chat/completions", tags=["chat"], dependencies=[Depends(authenticate)])
 
 DISCONNECT_POLL_SECONDS = 0.5
 
@@ -57,7 +57,8 @@ def _prepare(svc: Services, body: ChatCompletionCreate):
     engine, settings = svc.chat, svc.settings
     messages, images = to_model_messages([m.model_dump() for m in body.messages],
                                          max_pixels=settings.max_image_pixels, max_bytes=settings.max_upload_bytes,
-                                         remote_images=settings.chat_remote_images)
+                                         remote_images=settings.chat_remote_images,
+                                         allow_private_urls=settings.allow_private_urls)
     prompt = engine.model.encode(messages, images)
     room = engine.model.max_context - len(prompt.token_ids)
     if room < 1:

@@ -10,7 +10,8 @@ from ..services import Services, services
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response,
+            responses={200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(svc: Services = Depends(services)):
     body = await run_in_threadpool(generate_latest, svc.metrics.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

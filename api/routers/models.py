@@ -4,9 +4,9 @@ from fastapi import APIRouter, Depends, Request
 
 from vidserve.registry import MODELS
 
-from ..auth import require_api_key
+from ..auth import authenticate
 
-router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(require_api_key)])
+router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(authenticate)])
 
 
 def _model(spec) -> dict:

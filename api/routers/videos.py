@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -14,9 +14,10 @@ from fastapi.responses import StreamingResponse
 
 from vidserve import jobs
 from vidserve.jobs import Job, JobNotFound, JobStatus, video_object
+from vidserve.keys import Caller
 from vidserve.webhooks import announce
 
-from ..auth import require_api_key
+from ..auth import authenticate
 from ..content import stored_file_response
 from ..errors import APIError, not_found
 from ..forms import read_body, request_hash, validate
@@ -24,37 +25,38 @@ from ..schemas import VideoCreate, VideoExtend, VideoRemix
 from ..services import Services, services
 from ..submission import submit_extension, submit_remix, submit_video
 
-router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(require_api_key)])
+router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(authenticate)])
 
 VARIANTS = {"video": "video/mp4", "thumbnail": "image/webp", "chunk": "video/mp4"}
 EVENT_POLL_SECONDS = 0.2
 
 
 @router.post("")
-async def create_video(request: Request, svc: Services = Depends(services),
+async def create_video(request: Request, svc: Services = Depends(services), caller: Caller = Depends(authenticate),
                        idempotency_key: str | None = Header(None, max_length=256)):
     fields, files = await read_body(request, svc.settings.max_upload_bytes, ("input_reference",))
     body = validate(VideoCreate, fields)
-    job = await run_in_threadpool(submit_video, svc, body, files.get("input_reference"),
+    job = await run_in_threadpool(submit_video, svc, caller, body, files.get("input_reference"),
                                   idempotency_key=idempotency_key,
                                   request_hash=request_hash(fields, files) if idempotency_key else None)
     return video_object(job)
 
 
 @router.post("/extensions")
-async def extend_video(request: Request, svc: Services = Depends(services)):
+async def extend_video(request: Request, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     """Continue a video from its last frame; the new video is the source followed by the new frames."""
     fields, files = await read_body(request, svc.settings.max_upload_bytes, ("video",))
     body = validate(VideoExtend, fields)
-    job = await run_in_threadpool(submit_extension, svc, body, files.get("video"))
+    job = await run_in_threadpool(submit_extension, svc, caller, body, files.get("video"))
     return video_object(job)
 
 
 @router.get("")
-async def list_videos(svc: Services = Depends(services), after: str | None = None,
-                      limit: int = Query(20, ge=1, le=100), order: str = Query("desc", pattern="^(asc|desc)$")):
+async def list_videos(svc: Services = Depends(services), caller: Caller = Depends(authenticate),
+                      after: str | None = None, limit: int = Query(20, ge=1, le=100),
+                      order: str = Query("desc", pattern="^(asc|desc)$")):
     try:
-        page, has_more = await run_in_threadpool(svc.store.list, after, limit, order)
+        page, has_more = await run_in_threadpool(svc.store.list, after, limit, order, caller.scope)
     except JobNotFound:
         raise APIError(400, f"after: no video with id {after!r}", param="after") from None
     data = [video_object(job) for job in page]
@@ -62,21 +64,22 @@ async def list_videos(svc: Services = Depends(services), after: str | None = Non
             "last_id": data[-1]["id"] if data else None, "has_more": has_more}
 
 
-def _get(svc: Services, video_id: str) -> Job:
+def _get(svc: Services, caller: Caller, video_id: str) -> Job:
+    """The caller's video; another key's is as absent as one that never existed."""
     job = svc.store.get(video_id)
-    if job is None:
+    if job is None or not caller.sees(job.owner):
         raise not_found(video_id)
     return job
 
 
 @router.get("/{video_id}")
-async def retrieve_video(video_id: str, svc: Services = Depends(services)):
-    return video_object(await run_in_threadpool(_get, svc, video_id))
+async def retrieve_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
+    return video_object(await run_in_threadpool(_get, svc, caller, video_id))
 
 
 @router.post("/{video_id}/cancel")
-async def cancel_video(video_id: str, svc: Services = Depends(services)):
-    job = await run_in_threadpool(_get, svc, video_id)
+async def cancel_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
+    job = await run_in_threadpool(_get, svc, caller, video_id)
     if job.status.terminal:
         raise APIError(409, f"video {video_id} is already {job.status.value}", code="video_not_cancellable")
     try:
@@ -89,8 +92,9 @@ async def cancel_video(video_id: str, svc: Services = Depends(services)):
 
 
 @router.delete("/{video_id}")
-async def delete_video(video_id: str, svc: Services = Depends(services)):
+async def delete_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     def delete() -> None:
+        _get(svc, caller, video_id)
         try:
             svc.store.update(video_id, jobs.request_cancel)  # a running job stops at its next step
         except JobNotFound:
@@ -103,12 +107,12 @@ async def delete_video(video_id: str, svc: Services = Depends(services)):
 
 
 @router.get("/{video_id}/content")
-async def download_content(request: Request, video_id: str, variant: str = "video",
-                           index: int | None = Query(None, ge=0), svc: Services = Depends(services)):
+async def download_content(request: Request, video_id: str,
+                           variant: Literal["video", "thumbnail", "chunk"] = "video",
+                           index: int | None = Query(None, ge=0), svc: Services = Depends(services),
+                           caller: Caller = Depends(authenticate)):
     """`variant=video|thumbnail` once completed; `variant=chunk&index=K` as soon as chunk K is done."""
-    if variant not in VARIANTS:
-        raise APIError(400, f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}", param="variant")
-    job = await run_in_threadpool(_get, svc, video_id)
+    job = await run_in_threadpool(_get, svc, caller, video_id)
     if variant == "chunk":
         chunk = next((c for c in job.chunks if c["index"] == index), None)
         if chunk is None:
@@ -131,20 +135,22 @@ async def download_content(request: Request, video_id: str, variant: str = "vide
 
 
 @router.post("/{video_id}/remix")
-async def remix_video(video_id: str, request: Request, svc: Services = Depends(services)):
+async def remix_video(video_id: str, request: Request, svc: Services = Depends(services),
+                      caller: Caller = Depends(authenticate)):
     fields, _ = await read_body(request, svc.settings.max_upload_bytes, ())
     remix = validate(VideoRemix, fields)
-    source = await run_in_threadpool(_get, svc, video_id)
-    job = await run_in_threadpool(submit_remix, svc, source, remix.prompt)
+    source = await run_in_threadpool(_get, svc, caller, video_id)
+    job = await run_in_threadpool(submit_remix, svc, caller, source, remix.prompt)
     return video_object(job)
 
 
 @router.get("/{video_id}/events")
-async def video_events(video_id: str, request: Request, svc: Services = Depends(services)):
+async def video_events(video_id: str, request: Request, svc: Services = Depends(services),
+                       caller: Caller = Depends(authenticate)):
     """Server-Sent Events: `video.<status>` on each status change, `video.progress` as steps
     complete, `chunk.completed` as each chunk of a long video becomes downloadable, ending
     after the terminal event (completed, failed or cancelled)."""
-    await run_in_threadpool(_get, svc, video_id)
+    await run_in_threadpool(_get, svc, caller, video_id)
 
     async def stream():
         last_status, last_progress, announced, idle = None, None, set(), 0.0

@@ -189,11 +189,19 @@ function render(video) {
   if (video.status !== live.status) {
     live.status = video.status;
     $("live-status").textContent = statusText(video, false);
+    showWarnings(video.warnings ?? []); // they come with the completed status, so change only with it
     statusChanged(video);
   }
   setEnabled($("cancel"), !TERMINAL.has(video.status) && !live.cancelling);
   $("live-timings").replaceChildren(...timings(video).flatMap(([name, text]) => [el("dt", {}, name), el("dd", {}, text)]));
   for (const chunk of video.chunks ?? []) addChunk(live, chunk.index, chunk.frames, chunk.drift);
+}
+
+// A completed video that looks wrong (blank, one flat colour, frozen) says so beside the player.
+function showWarnings(warnings) {
+  const region = $("live-warnings");
+  region.replaceChildren(...warnings.map((w) => el("p", {}, el("strong", {}, "Warning: "), w.message)));
+  region.hidden = !warnings.length;
 }
 
 function addChunk(job, index, frames, metrics) {

@@ -23,6 +23,8 @@ How an engine uses it::
 The grammar only allows the tokenizer's stop token(s) once the JSON is complete, and
 requires one then, so `finished` means "complete and stopped". If `max_tokens` runs out
 first the output is cut short (finish_reason "length") and will not parse — as in OpenAI.
+When loop detection fires inside the JSON, `Matcher.closing_token` writes the shortest
+ending the grammar allows (closing.py), so a "stop" finish parses even then.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import torch
 import xgrammar as xgr
 
 from vidserve.errors import InvalidRequest
+
+from .closing import Nesting, closing_token
 
 CACHE_SIZE = 64
 
@@ -55,19 +59,23 @@ _XGR_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 class Matcher:
     """The grammar state of one sequence: which tokens may come next, and whether it is done."""
 
-    __slots__ = ("_matcher", "_grammars", "_after_ed")
+    __slots__ = ("_matcher", "_grammars", "_after_ed", "_nesting")
 
     def __init__(self, grammars: Grammars, compiled: xgr.CompiledGrammar):
         self._matcher = xgr.GrammarMatcher(compiled)
         self._grammars = grammars
         self._after_ed = False  # the last token ended on a dangling 0xED lead byte
+        self._nesting = Nesting()  # for closing_token: which string and brackets are open
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False (and no change) if the grammar forbids it."""
         token_id = int(token_id)
         if not self._matcher.accept_token(token_id):
             return False
-        self._after_ed = token_id in self._grammars._ends_with_ed
+        g = self._grammars
+        self._after_ed = token_id in g._ends_with_ed
+        if token_id not in g._stop_ids:  # a stop token's "text" is its name, not output
+            self._nesting.feed(g._decoded[token_id])
         return True
 
     @property
@@ -84,6 +92,15 @@ class Matcher:
         # Our extra bans only remove junk; never leave a row with nothing to sample.
         if bool(narrowed.any()):
             bitmask[row] = narrowed
+
+    def closing_token(self) -> int:
+        """The allowed next token on the shortest way to a complete, stopped output (closing.py)."""
+        g = self._grammars
+        bitmask = xgr.allocate_token_bitmask(1, g.vocab_size)
+        self.fill_bitmask(bitmask, 0)
+        allowed = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:g.vocab_size].astype(bool)
+        wanted = self._nesting.ending_after(self._matcher.find_jump_forward_string().encode())
+        return closing_token(allowed, wanted, g._token_of, g._stop_ids, g._longest_token)
 
 
 class Grammars:
@@ -105,17 +122,22 @@ class Grammars:
         banned = set(getattr(tokenizer, "all_special_ids", ())) - stop
         after_ed = set()
         self._ends_with_ed = set()
-        decoded = self.tokenizer_info.decoded_vocab
+        self._decoded = decoded = self.tokenizer_info.decoded_vocab  # token id -> bytes
+        self._stop_ids = sorted(stop)
+        self._token_of: dict[bytes, int] = {}  # bytes -> the first id that spells them, for closing_token
         for i in range(min(len(decoded), vocab_size)):
             b = decoded[i]
             if i in stop or not b:
                 continue
             if _NEVER.search(b):
                 banned.add(i)
+            if i not in banned:
+                self._token_of.setdefault(b, i)
             if 0xA0 <= b[0] <= 0xBF:
                 after_ed.add(i)
             if b[-1] == 0xED:
                 self._ends_with_ed.add(i)
+        self._longest_token = max(map(len, self._token_of), default=0)
         self._keep = _keep_row(vocab_size, banned)
         self._keep_after_ed = _keep_row(vocab_size, banned | after_ed)
 

@@ -3,8 +3,9 @@
 A model that starts emitting "S S S S ..." or "ab ab ab ab ..." (usually a kernel or
 sampling fault, not the weights) would otherwise burn its whole token budget on
 garbage. The engine calls `RepetitionDetector.check` after every token and ends the
-sequence with stop_reason "repetition" when it fires. Tokens made only of characters
-that legitimately repeat (table rules, indentation, blank lines) are exempt.
+sequence with stop_reason "repetition" when it fires; a constrained (JSON) one is first
+closed by its grammar (`Sequence._close_json`), so that it still parses. Tokens made only
+of characters that legitimately repeat (table rules, indentation, blank lines) are exempt.
 """
 
 from __future__ import annotations

@@ -31,5 +31,6 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
         return probs
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p.unsqueeze(1)
+    outside[:, 0] = False  # the likeliest token always stays, however small top_p (or its float32) is
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)

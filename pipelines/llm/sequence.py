@@ -18,6 +18,10 @@ from .model import Prompt
 
 _ids = itertools.count()
 
+# The most tokens the grammar may add to close a constrained answer that loop detection cut
+# (`Sequence._close_json`): enough for a handful of required keys spelled byte by byte.
+CLOSING_MAX_TOKENS = 256
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -39,7 +43,9 @@ class Output:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None = None  # stop | length | abort | error
-    stop_reason: str | None = None  # the stop string matched, or "repetition"
+    # The stop string matched, or "repetition" (with "length" too when a constrained answer
+    # cut by loop detection could not be closed in time).
+    stop_reason: str | None = None
     error: str | None = None  # set with finish_reason "error": the engine failed this sequence
 
 
@@ -103,9 +109,28 @@ class Sequence:
         if self._hit_stop_string():
             return
         if self.detector is not None and self.detector.check(self.output_ids):
+            if self.matcher is not None:
+                return self._close_json()
             return self._finish("stop", "repetition")
         if len(self.output_ids) >= self.params.max_tokens:
             return self._finish("length")
+
+    def _close_json(self) -> None:
+        """Loop detection fired inside a constrained answer: rather than cut the JSON where it
+        stands, end it the shortest way the grammar allows, so that `stop` still means it
+        parses and validates. The grammar picks the tokens (`Matcher.closing_token`), not
+        the model, so the loop cannot come back and the detector is not asked again. An
+        ending that does not fit in CLOSING_MAX_TOKENS or max_tokens is cut: `length`."""
+        for _ in range(min(CLOSING_MAX_TOKENS, self.params.max_tokens - len(self.output_ids))):
+            token = self.matcher.closing_token()
+            self.output_ids.append(token)
+            self.matcher.accept(token)
+            if self.matcher.finished:  # the stop token: no text
+                return self._finish("stop", "repetition")
+            self._detokenize()
+            if self._hit_stop_string():
+                return
+        self._finish("length", "repetition")
 
     def abort(self) -> None:
         self.aborted = True

@@ -1,0 +1,132 @@
+"""The served OpenAPI schema, made true to what the server does.
+
+The video routes read their bodies themselves (JSON, or multipart with files, see
+`forms.read_body`), so FastAPI cannot see them: their request bodies are added here from
+the same pydantic models `forms.validate` checks. Errors are OpenAI-shaped 4xx/5xx, never
+FastAPI's 422, so each operation documents the statuses it really answers instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from .forms import JSON_FIELDS
+from .schemas import VideoCreate, VideoExtend, VideoRemix
+
+# (path, method) -> (body model, its file fields in multipart). Remix takes JSON only.
+BODIES: dict[tuple[str, str], tuple[type[BaseModel], tuple[str, ...]]] = {
+    ("/v1/videos", "post"): (VideoCreate, ("input_reference",)),
+    ("/v1/videos/extensions", "post"): (VideoExtend, ("video",)),
+    ("/v1/videos/{video_id}/remix", "post"): (VideoRemix, ()),
+}
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}},
+    }},
+}
+
+_MEANINGS = {
+    "400": "Invalid request: the message names the parameter.",
+    "401": "Missing or unknown API key.",
+    "404": "No such video (another key's videos are not found either), or no such model.",
+    "405": "Method not allowed.",
+    "409": "The video is not in a state that allows this.",
+    "410": "Gone.",
+    "413": "Request body over the size limit.",
+    "416": "Range not satisfiable.",
+    "422": "An Idempotency-Key reused with a different body.",
+    "429": "Over a quota or rate limit, or the queue is full: see Retry-After.",
+    "500": "A bug: an OpenAI-shaped error, with the traceback in the server log.",
+    "503": "The job store or a model is unavailable: see Retry-After.",
+}
+# Every API route can answer these; each route adds its own below.
+_COMMON = ("400", "401", "429", "500", "503")
+_ROUTE_ERRORS = {
+    ("/v1/videos", "post"): ("413", "422"),
+    ("/v1/videos/extensions", "post"): ("404", "409", "413"),
+    ("/v1/videos/{video_id}", "get"): ("404",),
+    ("/v1/videos/{video_id}", "delete"): ("404",),
+    ("/v1/videos/{video_id}/cancel", "post"): ("404", "409"),
+    ("/v1/videos/{video_id}/content", "get"): ("404", "409", "410", "416"),
+    ("/v1/videos/{video_id}/remix", "post"): ("404", "413"),
+    ("/v1/videos/{video_id}/events", "get"): ("404",),
+    ("/v1/chat/completions", "post"): ("404", "413"),
+    ("/readyz", "get"): ("503",),
+}
+
+# What the successes carry where it is not JSON (or not only JSON).
+_CONTENT = {"video/mp4": {"schema": {"type": "string", "format": "binary"}},
+            "image/webp": {"schema": {"type": "string", "format": "binary"}}}
+_SUCCESSES = {
+    ("/v1/videos/{video_id}/content", "get"): {
+        "200": {"description": "The file (video/mp4, or image/webp for the thumbnail).", "content": _CONTENT},
+        "206": {"description": "The asked byte range of the file.", "content": _CONTENT}},
+    ("/v1/videos/{video_id}/events", "get"): {
+        "200": {"description": "Server-Sent Events until the video ends.", "content": {"text/event-stream": {}}}},
+    ("/v1/chat/completions", "post"): {
+        "200": {"description": "A chat.completion, or with stream=true chat.completion.chunk events.",
+                "content": {"application/json": {}, "text/event-stream": {}}}},
+}
+
+
+def install(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build(app)
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def build(app: FastAPI) -> dict[str, Any]:
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    _, defs = models_json_schema([(model, "validation") for model, _ in BODIES.values()],
+                                 ref_template="#/components/schemas/{model}")
+    components.update(defs.get("$defs", {}))
+    components["Error"] = _ERROR
+    schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
+                                                          "description": "An API key, when the server has any."}}
+    # A JSON body may carry the first frame too, as a data URL (forms.read_body takes it out).
+    components["VideoCreate"]["properties"]["input_reference"] = {
+        "type": "string", "description": "The first frame as a data: URL (image/png, image/jpeg, image/webp)."}
+    for (path, method), (model, files) in BODIES.items():
+        schema["paths"][path][method]["requestBody"] = _request_body(model, files)
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)  # FastAPI's validation error; ours are 400s
+            responses.update(_SUCCESSES.get((path, method), {}))
+            common = _COMMON if path.startswith("/v1/") else ()
+            if common:
+                operation["security"] = [{"bearer": []}, {}]  # {}: a server without keys takes anyone
+            for status in common + _ROUTE_ERRORS.get((path, method), ()):
+                responses[status] = {"description": _MEANINGS[status], "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return schema
+
+
+def _request_body(model: type[BaseModel], files: tuple[str, ...]) -> dict[str, Any]:
+    """JSON as the model says; multipart with every field a string (JSON text for the
+    structured ones) and the files as binary parts."""
+    json_body: dict[str, Any] = {"$ref": f"#/components/schemas/{model.__name__}"}
+    content = {"application/json": {"schema": json_body}}
+    if files:
+        fields = model.model_json_schema()["properties"]
+        form = {name: {"type": "string", "description": "JSON" if name in JSON_FIELDS or name == "video"
+                       else field.get("description", "")} for name, field in fields.items()}
+        form.update({name: {"type": "string", "format": "binary"} for name in files})
+        content["multipart/form-data"] = {"schema": {
+            "type": "object", "properties": form, "required": sorted(model.model_json_schema().get("required", []))}}
+    return {"required": True, "content": content}
