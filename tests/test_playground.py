@@ -359,7 +359,9 @@ def test_chat_streams_an_answer(servers, page, tmp_path):
 def test_keyed_server_asks_for_the_key(servers, page, tmp_path):
     _, keyed = servers
     page.goto(keyed.url)
+    # The job form and the gallery ask the server separately; either may answer first.
     page.wait_for_selector("#job-error:not([hidden])")
+    page.wait_for_selector("#gallery-error:not([hidden])")
     assert "missing or invalid API key" in page.text_content("#job-error")
     assert "missing or invalid API key" in page.text_content("#gallery-error")
     assert page.get_attribute("#key-box", "open") is not None
