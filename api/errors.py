@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 import logging
-import sqlite3
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.routing import Match
 
 from vidserve.errors import InvalidRequest, from_validation_error
+from vidserve.jobs import Job
+from vidserve.outages import STORE_UNAVAILABLE
+from vidserve.storage import StorageUnavailable
+
+from .services import services
 
 log = logging.getLogger("vidserve.api")
 
-# What the job stores raise while their database is away: SQLite locked or unreadable,
-# Redis down or not answering. Any request then is a 503 the client can retry.
-STORE_UNAVAILABLE = (sqlite3.OperationalError, RedisConnectionError, RedisTimeoutError)
-STORE_RETRY_SECONDS = 5
+# An outage (vidserve/outages.py) anywhere in a request is a 503 the client can retry this soon.
+RETRY_AFTER_SECONDS = 5
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_error"}
+          405: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",
+          413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}
 
 
 class APIError(Exception):
@@ -38,10 +38,21 @@ def not_found(video_id: str) -> APIError:
     return APIError(404, f"no video with id {video_id!r}", param="video_id", code="not_found")
 
 
+def video_expired(job: Job, param: str | None = None) -> APIError:
+    """The video is still listed, but its files were deleted when it expired (output_ttl)."""
+    return APIError(410, f"video {job.id} expired at {int(job.expires_at or 0)} (unix time) and its files are "
+                    "deleted", param=param, code="video_expired")
+
+
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def unavailable(message: str, code: str) -> JSONResponse:
+    """A 503 for an outage: nothing is wrong with the request, and it may work in a moment."""
+    return error_response(503, message, code=code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
 def install(app: FastAPI) -> None:
@@ -68,11 +79,17 @@ def install(app: FastAPI) -> None:
 
     async def store_unavailable(request: Request, exc: Exception):
         log.warning("%s %s: job store unavailable: %s", request.method, request.url.path, exc)
-        return error_response(503, "the job store is unavailable; retry shortly", code="store_unavailable",
-                              headers={"Retry-After": str(STORE_RETRY_SECONDS)})
+        return unavailable("the job store is unavailable; retry shortly", "store_unavailable")
 
     for error in STORE_UNAVAILABLE:
         app.add_exception_handler(error, store_unavailable)
+
+    @app.exception_handler(StorageUnavailable)
+    async def storage_unavailable(request: Request, exc: StorageUnavailable):
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        # The client learns what is down; the endpoint and the object it failed on stay in the log.
+        location = services(request).storage.location
+        return unavailable(f"storage {location} is unavailable; retry shortly", StorageUnavailable.code)
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception):

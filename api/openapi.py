@@ -42,24 +42,24 @@ _MEANINGS = {
     "404": "No such video (another key's videos are not found either), or no such model.",
     "405": "Method not allowed.",
     "409": "The video is not in a state that allows this.",
-    "410": "Gone.",
+    "410": "The video expired (code video_expired): its files are deleted, its record stays.",
     "413": "Request body over the size limit.",
     "416": "Range not satisfiable.",
     "422": "An Idempotency-Key reused with a different body.",
     "429": "Over a quota or rate limit, or the queue is full: see Retry-After.",
     "500": "A bug: an OpenAI-shaped error, with the traceback in the server log.",
-    "503": "The job store or a model is unavailable: see Retry-After.",
+    "503": "The job store, the storage or a model is unavailable: see Retry-After.",
 }
 # Every API route can answer these; each route adds its own below.
 _COMMON = ("400", "401", "429", "500", "503")
 _ROUTE_ERRORS = {
     ("/v1/videos", "post"): ("413", "422"),
-    ("/v1/videos/extensions", "post"): ("404", "409", "413"),
+    ("/v1/videos/extensions", "post"): ("404", "409", "410", "413"),
     ("/v1/videos/{video_id}", "get"): ("404",),
     ("/v1/videos/{video_id}", "delete"): ("404",),
     ("/v1/videos/{video_id}/cancel", "post"): ("404", "409"),
     ("/v1/videos/{video_id}/content", "get"): ("404", "409", "410", "416"),
-    ("/v1/videos/{video_id}/remix", "post"): ("404", "413"),
+    ("/v1/videos/{video_id}/remix", "post"): ("404", "410", "413"),
     ("/v1/videos/{video_id}/events", "get"): ("404",),
     ("/v1/chat/completions", "post"): ("404", "413"),
     ("/readyz", "get"): ("503",),
@@ -71,7 +71,9 @@ _CONTENT = {"video/mp4": {"schema": {"type": "string", "format": "binary"}},
 _SUCCESSES = {
     ("/v1/videos/{video_id}/content", "get"): {
         "200": {"description": "The file (video/mp4, or image/webp for the thumbnail).", "content": _CONTENT},
-        "206": {"description": "The asked byte range of the file.", "content": _CONTENT}},
+        "206": {"description": "The asked byte range of the file.", "content": _CONTENT},
+        "307": {"description": "With VIDSERVE_CONTENT_REDIRECT and S3 storage: Location is a presigned URL "
+                               "of the file.", "headers": {"Location": {"schema": {"type": "string"}}}}},
     ("/v1/videos/{video_id}/events", "get"): {
         "200": {"description": "Server-Sent Events until the video ends.", "content": {"text/event-stream": {}}}},
     ("/v1/chat/completions", "post"): {

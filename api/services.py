@@ -10,10 +10,11 @@ from typing import Any, Protocol
 from fastapi import Request
 
 from vidserve.config import Settings
+from vidserve.expiry import ExpirySweeper
 from vidserve.jobs import Job, JobStore
 from vidserve.keys import KeyRing
 from vidserve.ratelimit import LocalRateLimiter, RateLimiter
-from vidserve.storage import LocalStorage, Storage
+from vidserve.storage import Storage, open_storage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, build_sender
 
@@ -37,18 +38,23 @@ class Services:
     chat: Any = None  # the LLM engine (pipelines.llm.engine.LLMEngine), or None when chat is off
     keyring: KeyRing | None = None  # None: the settings' keys
     limiter: RateLimiter = field(default_factory=LocalRateLimiter)
+    sweeper: ExpirySweeper | None = None  # None: one on this store and storage
 
     def __post_init__(self) -> None:
         if self.keyring is None:
             self.keyring = KeyRing.from_settings(self.settings.keys, self.settings.keys_file)
+        if self.sweeper is None:
+            self.sweeper = ExpirySweeper(self.store, self.storage, self.settings.expiry_sweep_seconds)
 
     def start(self) -> None:
         self.webhooks.resume_pending()  # before new events, so each receiver gets the older ones first
         if self.chat is not None:
             self.chat.start()
         self.queue.start()
+        self.sweeper.start()
 
     def stop(self) -> None:
+        self.sweeper.stop()  # before the store closes under it
         self.queue.stop()
         if self.chat is not None:
             self.chat.stop()
@@ -63,8 +69,12 @@ def services(request: Request) -> Services:
 def build_services(settings: Settings) -> Services:
     """Embedded: SQLite store and an in-process worker. Celery: Redis store, remote workers."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    storage = LocalStorage(settings.data_dir / "files")
     metrics = Metrics()
+    if settings.queue == "celery":  # refused before any model loads: a one-line error, not a slow start first
+        from vidserve.redis_persistence import require_durable
+
+        metrics.redis_volatile(require_durable(settings.redis_url, settings.allow_volatile_redis))
+    storage = open_storage(settings)
     chat = build_chat_engine(settings, metrics)
     if settings.queue == "celery":
         from vidserve.jobstore_redis import RedisJobStore

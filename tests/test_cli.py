@@ -126,7 +126,7 @@ def test_a_model_neither_cached_nor_downloadable_is_one_line_saying_how_to_get_i
 def test_every_option_has_help_with_defaults_as_values():
     parser = cli.build_parser()
     subcommands = parser._subparsers._group_actions[0].choices
-    assert set(subcommands) == {"generate", "serve", "worker", "models", "export-tiny", "hash-key"}
+    assert set(subcommands) == {"generate", "serve", "worker", "check", "models", "export-tiny", "hash-key"}
     for name, sub in subcommands.items():
         for action in sub._actions:
             assert action.help, f"vidserve {name} {action.dest} has no help"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import time
 import urllib.error
@@ -19,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from PIL import Image, ImageStat
-
+from polling import eventually
 from servers import Server
+from stores import TEST_BUCKET
 
 CHROMIUM = os.environ.get("VIDSERVE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -392,3 +395,42 @@ def test_keyed_server_asks_for_the_key(servers, page, tmp_path):
     page.focus("#size")
     page.keyboard.press("Enter")
     wait_until(page, "document.querySelector('#job-error').textContent.includes('multiples of 16')")
+
+
+def test_videos_play_from_presigned_storage_urls(seaweedfs, browser, tmp_path):
+    """With S3 storage and content redirects, the page's media fetches follow the 307 to the
+    bucket (which the page's policy allows, and only it), with the key sent to the API only."""
+    env = {"VIDSERVE_STORAGE": f"s3://{TEST_BUCKET}/playground-{secrets.token_hex(6)}",
+           "VIDSERVE_S3_ENDPOINT_URL": seaweedfs.endpoint, "VIDSERVE_CONTENT_REDIRECT": "1"}
+    server = Server(tmp_path / "data", env=env, extra=["--api-key", KEY, "--chat-model", ""]).start()
+    try:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        with httpx.Client(base_url=server.url, headers=auth, timeout=30) as http:
+            video = http.post("/v1/videos", json={"model": "wan-tiny", "prompt": "a fox", "size": "64x64",
+                                                  "seconds": "2", "num_inference_steps": 2}).json()
+            eventually(lambda: http.get(f"/v1/videos/{video['id']}").json()["status"] == "completed",
+                       what="the video to complete")
+            redirect = http.get(f"/v1/videos/{video['id']}/content")
+            assert redirect.status_code == 307 and redirect.headers["location"].startswith(seaweedfs.endpoint)
+            csp = http.get("/").headers["content-security-policy"]
+            assert f"connect-src 'self' {seaweedfs.endpoint};" in csp
+
+        context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        errors, storage_requests = [], []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("request", lambda request: request.url.startswith(seaweedfs.endpoint)
+                and storage_requests.append(request.headers))
+        page.add_init_script(f"sessionStorage.setItem('vidserve.apiKey', {json.dumps(KEY)})")
+        page.goto(server.url)
+        row = f"#gallery-rows tr[data-id='{video['id']}']"
+        wait_until(page, f"(i => i && i.complete && i.naturalWidth > 0)(document.querySelector(\"{row} img\"))")
+        page.click(f"{row} button")
+        wait_until(page, "(v => v.readyState >= 2 && v.duration > 0)(document.querySelector('#live-video'))")
+        assert not errors, errors
+        assert len(storage_requests) >= 2  # the thumbnail and the video, each fetched from the bucket
+        assert all("authorization" not in headers for headers in storage_requests)  # the key stays with the API
+        context.close()
+    finally:
+        server.stop()

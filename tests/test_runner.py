@@ -112,3 +112,9 @@ def test_wan_tiny_noise_completes_without_warnings(runner):
     assert final.status is JobStatus.completed and video_object(final)["warnings"] == []
     assert runner.metrics.registry.get_sample_value("vidserve_output_warnings_total",
                                                     {"model": "wan-tiny", "code": "blank_output"}) is None
+
+
+def test_a_one_chunk_video_is_stored_once_as_the_video(runner, tmp_path):
+    final = runner.run(queued(runner).id)
+    assert [chunk["key"] for chunk in final.chunks] == [final.outputs["video"]] == [f"{final.id}/video.mp4"]
+    assert sorted(p.name for p in (tmp_path / "files" / final.id).iterdir()) == ["thumbnail.webp", "video.mp4"]

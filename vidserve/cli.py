@@ -27,8 +27,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    names = ("device", "dtype", "data_dir", "queue", "redis_url", "chat_model", "chat_url", "quantization", "compile",
-             "offload", "vae_tiling")
+    names = ("device", "dtype", "data_dir", "storage", "queue", "redis_url", "allow_volatile_redis", "chat_model",
+             "chat_url", "quantization", "compile", "offload", "vae_tiling")
     overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     try:
         return Settings.model_validate({**get_settings().model_dump(), **overrides})
@@ -195,6 +195,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return run_worker(_placed(_settings(args)), args.model, metrics_port=args.metrics_port)
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from vidserve.check import run_checks
+    from vidserve.pipelines.devices import placement
+
+    settings = _settings(args)
+    uses_redis = settings.queue == "celery" or args.redis_url is not None
+    results = run_checks(settings, [settings.default_model, *(args.model or [])], placement, redis=uses_redis)
+    for result in results:
+        print(result.line())
+    return 0 if all(result.ok for result in results) else 1
+
+
 def _device(value: str) -> str:
     if not re.fullmatch(DEVICE_PATTERN, value):
         raise argparse.ArgumentTypeError(f"{value!r} is not auto, cpu, cuda or cuda:N")
@@ -206,6 +218,12 @@ def _add_placement_flags(parser: argparse.ArgumentParser, settings: Settings) ->
                         help=f"auto (cuda if there is a GPU), cpu, cuda or cuda:N (default: {settings.device})")
     parser.add_argument("--dtype", choices=DTYPE_NAMES,
                         help=f"weights' dtype; auto is bfloat16 on CUDA, float32 on CPU (default: {settings.dtype})")
+
+
+def _add_volatile_redis_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-volatile-redis", action="store_true", default=None,
+                        help="accept a Redis without its append-only file, where a crash of Redis loses recent jobs "
+                             "and queue messages (default: such a Redis is refused)")
 
 
 def _add_load_flags(parser: argparse.ArgumentParser, settings: Settings) -> None:
@@ -271,6 +289,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--queue", choices=["embedded", "celery"],
                        help=f"embedded: jobs run in this process; celery: on 'vidserve worker's (default: {s.queue})")
     serve.add_argument("--redis-url", help=f"Redis for --queue celery (default: {s.redis_url})")
+    _add_volatile_redis_flag(serve)
+    serve.add_argument("--storage", help=f"job files: 'local' or s3://BUCKET[/PREFIX] (default: {s.storage})")
     serve.add_argument("--api-key", action="append", help="accept this Bearer key (repeatable; default: "
                        + ("VIDSERVE_API_KEYS)" if s.keys else "none, no auth)"))
     serve.add_argument("--keys-file", type=Path, help="TOML/JSON file of named keys with roles and quotas "
@@ -289,7 +309,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                             description="Run one Celery worker: it holds one model and takes only its jobs.")
     worker.add_argument("--model", required=True, help="the model this worker holds; it takes only its jobs")
     worker.add_argument("--redis-url", help=f"broker and job store (default: {s.redis_url})")
+    _add_volatile_redis_flag(worker)
     worker.add_argument("--data-dir", type=Path, help=f"shared outputs directory (default: {s.data_dir})")
+    worker.add_argument("--storage", help="job files, the API's: 'local' (the shared data dir) or "
+                                          f"s3://BUCKET[/PREFIX] (default: {s.storage})")
     _add_placement_flags(worker, s)
     worker.add_argument("--metrics-port", type=int,
                         help="serve this worker's Prometheus metrics on this port (default: none)")
@@ -297,6 +320,21 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                                            f"http://api:8000/v1 (default: {s.chat_url or 'none'})")
     _add_load_flags(worker, s)
     worker.set_defaults(func=cmd_worker)
+
+    check = sub.add_parser("check", help="verify what a deployment needs: Redis, storage, models, device",
+                           description="Verify what a deployment needs, one ok/FAIL line each: Redis reachable and "
+                                       "durable (with --queue celery or --redis-url), storage readable and writable, "
+                                       "models resolvable, device and dtype usable. Exit status 1 if any fails.")
+    check.add_argument("--queue", choices=["embedded", "celery"], help=f"the queue to check for (default: {s.queue})")
+    check.add_argument("--redis-url", help="Redis to check; checked when given or with --queue celery "
+                       f"(default: {s.redis_url})")
+    _add_volatile_redis_flag(check)
+    check.add_argument("--storage", help=f"job files: 'local' or s3://BUCKET[/PREFIX] (default: {s.storage})")
+    check.add_argument("--data-dir", type=Path, help=f"job database and outputs (default: {s.data_dir})")
+    check.add_argument("--model", action="append", help="a model to check besides the default one, by registry "
+                       f"name or local folder (repeatable; default: only {s.default_model})")
+    _add_placement_flags(check, s)
+    check.set_defaults(func=cmd_check)
 
     hash_key = sub.add_parser("hash-key", help="print a keys-file entry for an API key (its SHA-256)",
                               description="Print a keys-file entry for an API key: the file holds only its SHA-256.")

@@ -22,6 +22,19 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VIDSERVE_", extra="ignore")
 
     data_dir: Path = Field(Path("./data"), description="Job database, outputs and exported models live here.")
+    storage: str = Field("local", pattern=r"^(local|s3://[^/]+(/.*)?)$",
+                         description="Where job files live: 'local' (data_dir/files) or 's3://BUCKET[/PREFIX]' "
+                         "(credentials and region from the AWS_* variables).")
+    s3_endpoint_url: str | None = Field(None, description="S3-compatible server for s3:// storage, e.g. "
+                                        "http://minio:9000; unset: AWS.")
+    content_redirect: bool = Field(False, description="Answer content downloads with 307 to a presigned storage "
+                                   "URL instead of streaming them (s3:// storage; local storage still streams).")
+    content_url_seconds: int = Field(3600, gt=0, le=7 * 24 * 3600, description="How long a presigned content URL "
+                                     "works (S3 allows at most 7 days).")
+    output_ttl: int = Field(7 * 24 * 3600, ge=0, description="Seconds a completed video's files are kept; then "
+                            "they are deleted, its content answers 410, its record stays (0: kept until deleted).")
+    expiry_sweep_seconds: float = Field(60.0, gt=0, description="How often the API looks for expired videos to "
+                                        "delete.")
     default_model: str = Field("wan-shapes", description="Model used when a request names none.")
     model_dirs: str = Field("", description="Folders of diffusers model folders that requests may name as their "
                             "model (by folder name), separated by ',' or os.pathsep; registry names always work, "
@@ -67,6 +80,9 @@ class Settings(BaseSettings):
     # Queue and crash safety.
     queue: str = Field("embedded", pattern="^(embedded|celery)$", description="embedded (in-process) or celery.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Broker and job store for --queue celery.")
+    allow_volatile_redis: bool = Field(False, description="Start on a Redis without its append-only file (or one "
+                                       "whose persistence cannot be checked), where a crash of Redis loses recent "
+                                       "jobs and queue messages; otherwise the API and workers refuse to start.")
     lease_seconds: float = Field(30.0, gt=0, description="A running job whose worker is silent this long is lost.")
     max_attempts: int = Field(2, ge=1, description="Runs a job gets before a worker crash fails it.")
     visibility_timeout: int = Field(6 * 3600, gt=0, description="Redis redelivery timeout; longer than any job.")

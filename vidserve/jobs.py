@@ -7,6 +7,7 @@ transition function applied through `JobStore.update`, which runs it atomically
     queued ──start──> in_progress ──complete──> completed
       │                  │  ├──────fail──────> failed
       │                  │  └──cancelled─────> cancelled
+      │                  ├──release (an outage)──> lease lapsed at once, then as below
       │                  └──lease lost──> queued again (or failed, attempts used up)
       └──cancel──> cancelled
 """
@@ -51,6 +52,8 @@ class Job(BaseModel):
     created_at: float = Field(default_factory=time.time)
     started_at: float | None = None
     completed_at: float | None = None
+    expires_at: float | None = None  # a completed video's files are deleted after this (None: kept until deleted)
+    expired: bool = False  # the expiry sweeper has deleted its files
     params: JobParams  # what to generate, resolved and validated
     input_image_key: str | None = None  # storage key of an uploaded first frame
     outputs: dict[str, str] = Field(default_factory=dict)  # variant ("video", "thumbnail") -> storage key
@@ -73,6 +76,12 @@ class Job(BaseModel):
     metadata: dict[str, str] | None = None
     remixed_from_video_id: str | None = None
     owner: str | None = None  # the name of the API key that made it (None: a server without keys)
+
+    def is_expired(self, now: float | None = None) -> bool:
+        """Whether its files are gone, or due to go: past expires_at, swept or not yet."""
+        if self.expired:
+            return True
+        return self.expires_at is not None and self.expires_at <= (time.time() if now is None else now)
 
 
 class InvalidTransition(Exception):
@@ -142,12 +151,25 @@ def prompt_extended(worker_id: str, extended: str) -> Callable[[Job], None]:
 
 
 def complete(worker_id: str, outputs: dict[str, str], timings: dict[str, float],
-             warnings: Iterable[OutputWarning] = ()) -> Callable[[Job], None]:
+             warnings: Iterable[OutputWarning] = (), output_ttl: float = 0) -> Callable[[Job], None]:
+    """`output_ttl`: seconds the files are kept after completion (0: until the video is deleted)."""
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.status, job.progress, job.completed_at = JobStatus.completed, 100, time.time()
+        job.expires_at = job.completed_at + output_ttl if output_ttl > 0 else None
         job.outputs, job.timings, job.lease_expires_at = dict(outputs), dict(timings), None
         job.warnings = list(warnings)
+
+    return apply
+
+
+def expire(now: float) -> Callable[[Job], None]:
+    """Its files have been deleted: the record stays, completed, without outputs."""
+    def apply(job: Job) -> None:
+        _require(job, JobStatus.completed)
+        if not job.is_expired(now):
+            raise InvalidTransition(f"job {job.id} expires at {job.expires_at}, not by {now}")
+        job.expired, job.outputs = True, {}
 
     return apply
 
@@ -157,6 +179,25 @@ def fail(worker_id: str, code: str, message: str) -> Callable[[Job], None]:
         _held_by(job, worker_id)
         job.status, job.completed_at, job.lease_expires_at = JobStatus.failed, time.time(), None
         job.error = JobError(code=code, message=message)
+
+    return apply
+
+
+def release(worker_id: str, code: str, message: str) -> Callable[[Job], None]:
+    """The worker gives the job up for a reason that is not the job's (its storage stayed out of
+    reach): its lease lapses at once, so the lease reaper runs it again as it would a lost
+    worker's job; with its attempts used up it fails with `code` instead of worker_lost."""
+    def apply(job: Job) -> None:
+        _held_by(job, worker_id)
+        now = time.time()
+        if job.attempts < job.max_attempts:
+            # No worker holds it now: a heartbeat racing this one cannot renew the lease.
+            job.worker_id, job.lease_expires_at = None, now
+        elif job.cancel_requested:
+            job.status, job.completed_at, job.lease_expires_at = JobStatus.cancelled, now, None
+        else:
+            job.status, job.completed_at, job.lease_expires_at = JobStatus.failed, now, None
+            job.error = JobError(code=code, message=f"{message} ({job.attempts} attempts)")
 
     return apply
 
@@ -240,6 +281,15 @@ class JobStore(ABC):
     def delivery_done(self, delivery_id: str) -> None:
         """Forget a delivery: delivered, or given up."""
 
+    @abstractmethod
+    def try_lock(self, name: str, seconds: float, token: str) -> bool:
+        """Take the lock `name` for `token` if it is free (or its holder's time ran out), for
+        `seconds`; whether it was taken. One holder at a time across every process on the store."""
+
+    @abstractmethod
+    def unlock(self, name: str, token: str) -> None:
+        """Free the lock `name` if `token` still holds it (never another holder's, taken after a lapse)."""
+
     def count_by_status(self) -> dict[JobStatus, int]:
         return {status: len(self.with_status([status])) for status in JobStatus}
 
@@ -258,7 +308,7 @@ def video_object(job: Job) -> dict[str, Any]:
         "progress": job.progress,
         "created_at": int(job.created_at),
         "completed_at": int(job.completed_at) if job.completed_at else None,
-        "expires_at": None,  # outputs are kept until the video is deleted
+        "expires_at": int(job.expires_at) if job.expires_at else None,  # None: kept until deleted
         "prompt": job.prompt,
         "seconds": p.seconds,
         "size": f"{p.width}x{p.height}",

@@ -9,6 +9,7 @@ Keys, under `prefix`:
     {prefix}:owner:{name}      sorted set of one API key's job ids, scored like `jobs`
     {prefix}:deliveries        hash of pending webhook deliveries, id -> JSON
     {prefix}:delivery_seq      counter that hands out delivery ids, in recording order
+    {prefix}:lock:{name}       a lock's holder token, expiring with the lock (try_lock)
 Every write of a job keeps its keys in step atomically: create and delete in one script or
 MULTI, update through WATCH/MULTI/EXEC so a concurrent change forces a retry.
 """
@@ -40,12 +41,19 @@ redis.call('SADD', KEYS[4], ARGV[1])
 return {1}
 """
 
+# Deletes the lock only if the caller's token still holds it: after a lapse it may be another's.
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 
 class RedisJobStore(JobStore):
     def __init__(self, url: str, prefix: str = "vidserve"):
         self.url, self.prefix = url, prefix
         self._redis = redis.Redis.from_url(url, decode_responses=True)
         self._create = self._redis.register_script(_CREATE)
+        self._unlock = self._redis.register_script(_UNLOCK)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -164,6 +172,12 @@ class RedisJobStore(JobStore):
 
     def delivery_done(self, delivery_id: str) -> None:
         self._redis.hdel(self._key("deliveries"), delivery_id)
+
+    def try_lock(self, name: str, seconds: float, token: str) -> bool:
+        return bool(self._redis.set(self._key("lock", name), token, nx=True, px=max(1, int(seconds * 1000))))
+
+    def unlock(self, name: str, token: str) -> None:
+        self._unlock(keys=[self._key("lock", name)], args=[token])
 
     def close(self) -> None:
         self._redis.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -29,6 +30,11 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS webhook_deliveries (
         id INTEGER PRIMARY KEY AUTOINCREMENT,   -- recording order, the order to send them in again
         data TEXT NOT NULL                      -- WebhookDelivery.model_dump_json()
+    )""",
+    """CREATE TABLE IF NOT EXISTS locks (
+        name TEXT PRIMARY KEY,
+        token TEXT NOT NULL,
+        expires_at REAL NOT NULL                -- unix time; past it the lock is free again
     )""",
 )
 # Columns added since the first schema, added to an older file when it is opened.
@@ -156,6 +162,21 @@ class SQLiteJobStore(JobStore):
     def delivery_done(self, delivery_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM webhook_deliveries WHERE id = ?", (int(delivery_id),))
+
+    def try_lock(self, name: str, seconds: float, token: str) -> bool:
+        now = time.time()
+        with self._lock:  # one statement: the check (the WHERE) and the take are one atomic write
+            taken = self._db.execute(
+                "INSERT INTO locks (name, token, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at "
+                "WHERE locks.expires_at <= ?",
+                (name, token, now + seconds, now),
+            ).rowcount
+        return taken > 0
+
+    def unlock(self, name: str, token: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM locks WHERE name = ? AND token = ?", (name, token))
 
     def close(self) -> None:
         with self._lock:

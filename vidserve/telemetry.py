@@ -42,6 +42,14 @@ class Metrics:
     def watch(self, store: JobStore) -> None:
         self.registry.register(_StoreCollector(store))
 
+    def redis_volatile(self, volatile: bool) -> None:
+        """Celery mode: whether this process runs on a Redis not known to keep what it acknowledged
+        (started with allow_volatile_redis), so an alert can say so; embedded servers have no such gauge."""
+        gauge = Gauge("vidserve_redis_volatile", "1 when the Redis holding jobs and queue messages has no "
+                      "append-only file (or its persistence could not be checked), 0 when it has one.",
+                      registry=self.registry)
+        gauge.set(int(volatile))
+
 
 class ChatMetrics:
     """The LLM path's latency vocabulary: time to first token, inter-token latency, end to end."""

@@ -19,8 +19,9 @@ from celery import Celery
 
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStatus, JobStore
+from vidserve.redis_persistence import require_durable
 from vidserve.registry import resolve_local
-from vidserve.storage import LocalStorage
+from vidserve.storage import open_storage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, announce, build_sender
 
@@ -50,6 +51,9 @@ def make_celery(settings: Settings) -> Celery:
         task_ignore_result=True,  # job state lives in the JobStore
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
         broker_connection_retry_on_startup=True,
+        # A Redis restart (a crash, a failover) must not end the worker: it reconnects, however long Redis is away.
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
         task_serializer="json",
         accept_content=["json"],
         worker_hijack_root_logger=False,
@@ -120,15 +124,17 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
     from vidserve.jobstore_redis import RedisJobStore
     from vidserve.pipelines.video import get_pipeline
 
+    volatile = require_durable(settings.redis_url, settings.allow_volatile_redis)  # before any model loads
     spec = resolve_local(model)
     store = RedisJobStore(settings.redis_url)
     metrics = Metrics()
+    metrics.redis_volatile(volatile)
     if metrics_port:
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
     writer = HTTPWriter(settings.chat_url, next(iter(settings.keys), None)) if settings.chat_url else None
-    runner = JobRunner(settings, store, LocalStorage(settings.data_dir / "files"), metrics,
+    runner = JobRunner(settings, store, open_storage(settings), metrics,
                        build_sender(settings, store), writer=writer)
     get_pipeline(spec, settings.device, settings.dtype, settings.load)  # resident before the first job arrives
 

@@ -4,6 +4,11 @@ cancellation, encode, store the outputs, record the outcome, announce it.
 The same runner serves the embedded queue and Celery workers. It claims a job through
 an atomic JobStore transition, so a job delivered twice still runs once, and it keeps a
 lease alive while it works, so a job whose worker dies is noticed and run again.
+
+An outage never counts against a job: every job store write and storage call is retried
+for up to a lease (vidserve/outages.py). Past that, a storage outage gives the job back
+(`jobs.release`) to run again, and a job store outage leaves it, untouched, to the lease
+reaper, which requeues it once its lease lapses.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -25,9 +31,10 @@ from vidserve.drift import DriftMetrics
 from vidserve.errors import JobCancelled, VidserveError
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore, LeaseLost
 from vidserve.media import encode_mp4, last_frame, load_image, read_video_bytes, save_thumbnail
+from vidserve.outages import STORE_UNAVAILABLE, through_outages
 from vidserve.quality import output_warnings
 from vidserve.requests import GenerationRequest
-from vidserve.storage import Storage
+from vidserve.storage import Storage, StorageUnavailable
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, announce
 
@@ -37,6 +44,8 @@ log = logging.getLogger("vidserve.runner")
 
 # Denoising is nearly all of a job; decoding and encoding take the last few percent.
 DENOISE_SHARE = 95
+
+T = TypeVar("T")
 
 
 def default_worker_id() -> str:
@@ -56,9 +65,10 @@ class JobRunner:
         self.writer = writer  # the LLM path, for prompt_extend and caption_chain
 
     def run(self, job_id: str) -> Job | None:
-        """Run the job if it is still queued; return its final record (None if not ours to run)."""
+        """Run the job if it is still queued; return its record as this run left it (None if
+        not ours to run, or the job store stayed out of reach)."""
         try:
-            job = self.store.update(job_id, jobs.start(self.worker_id, self.settings.lease_seconds))
+            job = self._write(job_id, jobs.start(self.worker_id, self.settings.lease_seconds))
         except (JobNotFound, InvalidTransition):
             return None  # deleted, cancelled, or already taken by another delivery
         self.metrics.queue_wait.labels(job.model).observe(job.started_at - job.created_at)
@@ -73,29 +83,46 @@ class JobRunner:
         return job
 
     def _generate(self, job: Job) -> Job | None:
+        """Run the job and record how it ended. None when the job store stayed out of reach:
+        the job is left as it is, for the lease reaper to run again."""
         try:
-            source = read_video_bytes(self.storage.read_bytes(job.source_video_key))[0] if job.source_video_key \
-                else None
+            return self._attempt(job)
+        except STORE_UNAVAILABLE as exc:
+            log.warning("job %s: the job store is unreachable (%s); leaving the job to run again once its lease "
+                        "lapses", job.id, exc)
+            return None
+
+    def _attempt(self, job: Job) -> Job | None:
+        try:
+            source = read_video_bytes(self._read(job.source_video_key))[0] if job.source_video_key else None
             request = self.request_for(job, source)
             if request.prompt_extend:
                 request.prompt = self._extend_prompt(job, request)
             from vidserve.pipelines.chain import generate_video  # torch stays out of processes that never run jobs
 
             caption = self._require_writer("caption_chain").caption if request.caption_chain else None
+            # A video of one chunk (and no source) is that chunk: it is stored once, as the video.
+            one_chunk = source is None and len(request.chunk_frames) == 1
             result = generate_video(request, self.settings.device, self.settings.dtype, on_step=self._on_step(job),
-                                    on_chunk=self._on_chunk(job, request.fps), caption=caption,
+                                    on_chunk=self._on_chunk(job, request.fps, one_chunk), caption=caption,
                                     load=self.settings.load)
             # An extension's video is the source followed by the new frames.
             frames = result.frames if source is None else np.concatenate([source, result.frames])
             start = time.perf_counter()
-            outputs = self._store_outputs(job, frames, request.fps)
+            outputs = self._store_outputs(job, frames, request.fps, video_stored=one_chunk)
             timings = {**result.timings, "encode": time.perf_counter() - start}
             warnings = output_warnings(frames)
-            done = self.store.update(job.id, jobs.complete(self.worker_id, outputs, timings, warnings))
+            done = self._write(job.id, jobs.complete(self.worker_id, outputs, timings, warnings,
+                                                     output_ttl=self.settings.output_ttl))
             self._report_warnings(done)
             return done
         except (JobCancelled, JobNotFound, LeaseLost) as exc:  # cancelled, deleted, or now another worker's
             return self._end_quietly(job, exc)
+        except StorageUnavailable as exc:  # not the job's fault: it runs again (or, attempts used up, fails)
+            log.warning("job %s: %s; giving the job back", job.id, exc)
+            return self._update_quietly(job.id, jobs.release(self.worker_id, exc.code, str(exc)))
+        except STORE_UNAVAILABLE:
+            raise  # not the job's fault either; _generate leaves it to the lease reaper
         except Exception as exc:  # a bad job must fail alone, never take the worker down
             log.exception("job %s failed", job.id)
             failure = jobs.fail(self.worker_id, _failure_code(exc), f"{type(exc).__name__}: {exc}")
@@ -106,7 +133,7 @@ class JobRunner:
         (or the last frame of the video it extends)."""
         image = None
         if job.input_image_key:
-            image = load_image(self.storage.read_bytes(job.input_image_key), self.settings.max_image_pixels)
+            image = load_image(self._read(job.input_image_key), self.settings.max_image_pixels)
         elif source is not None:
             image = last_frame(source)
         return job.params.to_request(job.model, job.prompt, image)
@@ -120,7 +147,7 @@ class JobRunner:
     def _extend_prompt(self, job: Job, request: GenerationRequest) -> str:
         """The LLM's rewrite (seeing the first frame, if any), recorded beside the original."""
         extended = self._require_writer("prompt_extend").extend(job.prompt, request.image, request.seed)
-        self.store.update(job.id, jobs.prompt_extended(self.worker_id, extended))
+        self._write(job.id, jobs.prompt_extended(self.worker_id, extended))
         return extended
 
     def _on_step(self, job: Job):
@@ -132,19 +159,21 @@ class JobRunner:
             last[0] = now
             progress = DENOISE_SHARE * done // total
             # JobNotFound (deleted) and LeaseLost end the run like a cancel.
-            current = self.store.update(job.id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress))
+            current = self._write(job.id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress))
             if current.cancel_requested:
                 raise JobCancelled()
 
         return on_step
 
-    def _on_chunk(self, job: Job, fps: int):
+    def _on_chunk(self, job: Job, fps: int, whole_video: bool):
+        """Each chunk, stored as it finishes; under the video's key when it is the `whole_video`."""
         def on_chunk(index: int, frames: np.ndarray, drift: DriftMetrics, prompt: str) -> None:
+            name = "video.mp4" if whole_video else f"chunk-{index}.mp4"
             with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
                 path = encode_mp4(frames, Path(tmp) / "chunk.mp4", fps=fps)
-                key = self.storage.put_file(f"{job.id}/chunk-{index}.mp4", path)
+                key = self._put(f"{job.id}/{name}", path)
             chunk = {"index": index, "frames": len(frames), "key": key, "drift": drift.to_dict(), "prompt": prompt}
-            self.store.update(job.id, jobs.chunk_done(self.worker_id, chunk))
+            self._write(job.id, jobs.chunk_done(self.worker_id, chunk))
 
         return on_chunk
 
@@ -154,28 +183,46 @@ class JobRunner:
             log.warning("job %s (%s) completed with %s: %s", job.id, job.model, warning.code, warning.message)
             self.metrics.output_warnings.labels(job.model, warning.code).inc()
 
-    def _store_outputs(self, job: Job, frames, fps: int) -> dict[str, str]:
+    def _store_outputs(self, job: Job, frames, fps: int, video_stored: bool) -> dict[str, str]:
+        """The video (unless its one chunk already is it) and the thumbnail."""
         with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
-            video = encode_mp4(frames, Path(tmp) / "video.mp4", fps=fps)
+            video = f"{job.id}/video.mp4"
+            if not video_stored:
+                self._put(video, encode_mp4(frames, Path(tmp) / "video.mp4", fps=fps))
             thumb = save_thumbnail(frames, Path(tmp) / "thumbnail.webp")
-            return {
-                "video": self.storage.put_file(f"{job.id}/video.mp4", video),
-                "thumbnail": self.storage.put_file(f"{job.id}/thumbnail.webp", thumb),
-            }
+            return {"video": video, "thumbnail": self._put(f"{job.id}/thumbnail.webp", thumb)}
 
     def _end_quietly(self, job: Job, reason: Exception) -> Job | None:
         current = self._update_quietly(job.id, jobs.cancelled(self.worker_id))
         if current is None or current.status is not JobStatus.cancelled:
             log.info("job %s stopped: %s", job.id, type(reason).__name__)
-        if self.store.get(job.id) is None:
-            self.storage.delete_prefix(f"{job.id}/")  # deleted while running: leave nothing behind
+        if self._get(job.id) is None:
+            # Deleted while running: leave nothing behind.
+            self._through_outages(lambda: self.storage.delete_prefix(f"{job.id}/"), f"deleting {job.id}/")
         return current
 
     def _update_quietly(self, job_id: str, change) -> Job | None:
         try:
-            return self.store.update(job_id, change)
+            return self._write(job_id, change)
         except (JobNotFound, InvalidTransition):
-            return self.store.get(job_id)
+            return self._get(job_id)
+
+    def _through_outages(self, call: Callable[[], T], what: str) -> T:
+        """`call()`, retried through an outage of up to a lease: a job store outage that long
+        lets the lease lapse anyway, and the lease reaper then runs the job again."""
+        return through_outages(call, self.settings.lease_seconds, what)
+
+    def _write(self, job_id: str, change: Callable[[Job], None]) -> Job:
+        return self._through_outages(lambda: self.store.update(job_id, change), f"job {job_id}: job store")
+
+    def _get(self, job_id: str) -> Job | None:
+        return self._through_outages(lambda: self.store.get(job_id), f"job {job_id}: job store")
+
+    def _read(self, key: str) -> bytes:
+        return self._through_outages(lambda: self.storage.read_bytes(key), f"reading {key}")
+
+    def _put(self, key: str, src_path: str | Path) -> str:
+        return self._through_outages(lambda: self.storage.put_file(key, src_path), f"storing {key}")
 
     def _keep_lease(self, job_id: str) -> threading.Event:
         """Renew the lease between steps too, so one slow step never looks like a dead worker."""

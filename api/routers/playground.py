@@ -6,19 +6,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.staticfiles import StaticFiles
+
+from ..services import Services, services
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 
 # The page loads nothing from elsewhere, and says so: scripts, styles and calls stay on this
 # origin; media and images may also be blob: URLs (fetched with the key) or data: (previews).
 # form-action 'none': the forms are handled by script, so a form can never send a key anywhere.
-CSP = ("default-src 'self'; img-src 'self' blob: data:; media-src 'self' blob:; connect-src 'self'; "
+CSP = ("default-src 'self'; img-src 'self' blob: data:; media-src 'self' blob:; connect-src 'self'{storage}; "
        "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            # Revalidate each time (the ETag makes that a 304): a new release is never half-cached.
            "Cache-Control": "no-cache"}
+
+
+def content_security_policy(svc: Services) -> str:
+    """The page's policy. Where content downloads redirect to the storage's presigned URLs, the
+    page's media fetches follow them there: that origin, and only it, is added to connect-src."""
+    origin = svc.storage.url_origin() if svc.settings.content_redirect else None
+    return CSP.format(storage=f" {origin}" if origin else "")
+
 
 router = APIRouter(tags=["playground"], include_in_schema=False)
 # StaticFiles does the careful parts: paths confined to the folder, ETag / If-None-Match, HEAD.
@@ -26,17 +36,17 @@ router = APIRouter(tags=["playground"], include_in_schema=False)
 _files = StaticFiles(directory=STATIC, check_dir=False)
 
 
-async def _serve(path: str, request: Request):
+async def _serve(path: str, request: Request, svc: Services):
     response = await _files.get_response(path, request.scope)
-    response.headers.update(HEADERS)
+    response.headers.update({**HEADERS, "Content-Security-Policy": content_security_policy(svc)})
     return response
 
 
 @router.api_route("/", methods=["GET", "HEAD"])
-async def index(request: Request):
-    return await _serve("index.html", request)
+async def index(request: Request, svc: Services = Depends(services)):
+    return await _serve("index.html", request, svc)
 
 
 @router.api_route("/static/{path:path}", methods=["GET", "HEAD"])
-async def static(path: str, request: Request):
-    return await _serve(path, request)
+async def static(path: str, request: Request, svc: Services = Depends(services)):
+    return await _serve(path, request, svc)

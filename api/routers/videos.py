@@ -19,7 +19,7 @@ from vidserve.webhooks import announce
 
 from ..auth import authenticate
 from ..content import stored_file_response
-from ..errors import APIError, not_found
+from ..errors import APIError, not_found, video_expired
 from ..forms import read_body, request_hash, validate
 from ..schemas import VideoCreate, VideoExtend, VideoRemix
 from ..services import Services, services
@@ -113,6 +113,8 @@ async def download_content(request: Request, video_id: str,
                            caller: Caller = Depends(authenticate)):
     """`variant=video|thumbnail` once completed; `variant=chunk&index=K` as soon as chunk K is done."""
     job = await run_in_threadpool(_get, svc, caller, video_id)
+    if job.is_expired():  # swept or about to be: its files are gone, or as good as
+        raise video_expired(job)
     if variant == "chunk":
         chunk = next((c for c in job.chunks if c["index"] == index), None)
         if chunk is None:
@@ -126,9 +128,10 @@ async def download_content(request: Request, video_id: str,
     else:
         key = job.outputs[variant]
         filename = f"{video_id}{PurePosixPath(key).suffix}"
+    redirect_seconds = svc.settings.content_url_seconds if svc.settings.content_redirect else None
     try:
         return await run_in_threadpool(stored_file_response, svc.storage, key, VARIANTS[variant], filename,
-                                       request.headers.get("range"))
+                                       request.headers.get("range"), redirect_seconds)
     except FileNotFoundError:
         raise APIError(404, f"the {variant} of video {video_id} is gone from storage", code="content_missing") \
             from None
