@@ -26,9 +26,9 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
 fi
 # Checks run from "$site": from the repo root, ./vidserve (the top package alone) would shadow the stand-in.
 if ! (cd "$site" && "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vidserve.kernels') is None)" 2>/dev/null); then
-  # pyproject maps vidserve.kernels -> kernels/, vidserve.pipelines -> pipelines/, ...
+  # pyproject maps vidserve.pipelines -> pipelines/, vidserve.api -> api/, ...
   mkdir "$site/vidserve"
-  ln -s "$PWD"/vidserve/*.py "$site/vidserve/"
-  for sub in kernels pipelines api workers; do ln -s "$PWD/$sub" "$site/vidserve/$sub"; done
+  ln -s "$PWD"/vidserve/*.py "$PWD/vidserve/kernels" "$site/vidserve/"
+  for sub in pipelines api workers; do ln -s "$PWD/$sub" "$site/vidserve/$sub"; done
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi

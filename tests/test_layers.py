@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Source folder -> the package it installs as (pyproject.toml [tool.setuptools.package-dir]).
 PACKAGES = {
-    "vidserve": "vidserve",
-    "kernels": "vidserve.kernels",
+    "vidserve": "vidserve",  # with vidserve/kernels, vidserve.kernels
     "pipelines": "vidserve.pipelines",
     "workers": "vidserve.workers",
     "api": "vidserve.api",
@@ -187,9 +186,9 @@ def test_package_map_matches_pyproject():
     ("vidserve/jobs.py", "vidserve.jobs", "import importlib\nimportlib.import_module('vidserve.api.app')\n",
      ["vidserve/jobs.py:2 imports vidserve.api.app"]),
     ("vidserve/jobs.py", "vidserve.jobs", "from vidserve.params import JobParams\nfrom .storage import Storage\n", []),
-    ("kernels/dense.py", "vidserve.kernels.dense", "from ..pipelines import attention\n",
-     ["kernels/dense.py:1 imports vidserve.pipelines"]),
-    ("kernels/dense.py", "vidserve.kernels.dense", "from .tiles import TileLayout\nfrom vidserve.errors import X\n",
+    ("vidserve/kernels/dense.py", "vidserve.kernels.dense", "from ..pipelines import attention\n",
+     ["vidserve/kernels/dense.py:1 imports vidserve.pipelines"]),
+    ("vidserve/kernels/dense.py", "vidserve.kernels.dense", "from .tiles import TileLayout\nfrom vidserve.errors import X\n",
      []),
     ("pipelines/llm/engine.py", "vidserve.pipelines.llm.engine", "from ...workers.runner import JobRunner\n",
      ["pipelines/llm/engine.py:1 imports vidserve.workers.runner"]),
