@@ -11,7 +11,7 @@ from vidserve.config import Settings, get_settings
 
 from . import errors, openapi
 from .body_limit import BodyLimit
-from .routers import chat, health, metrics, models, playground, videos
+from .routers import chat, health, loras, metrics, models, playground, videos
 from .services import Services, build_services
 
 
@@ -32,6 +32,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     errors.install(app)
     openapi.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    for router in (videos.router, chat.router, models.router, health.router, metrics.router, playground.router):
+    for router in (videos.router, chat.router, models.router, loras.router, health.router, metrics.router,
+                   playground.router):
         app.include_router(router)
     return app

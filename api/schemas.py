@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from vidserve.loras import LoraRequest
+
 
 class _JobFields(BaseModel):
     """What any job request may say beyond OpenAI's fields."""
@@ -29,6 +31,10 @@ class _JobFields(BaseModel):
     attention: dict[str, Any] | None = Field(None, description="AttentionOptions; unset fields keep the server's.")
     cache: dict[str, Any] | None = Field(None, description="CacheOptions (step caching); unset fields keep the "
                                          "server's.")
+    loras: list[LoraRequest] | None = Field(None, max_length=16, description="LoRA adapters by registered name "
+                                            "(GET /v1/loras), with their scale and, on a two-expert model, target.")
+    preset: str | None = Field(None, max_length=64, description="One of the model's presets (GET /v1/models): it "
+                               "fills steps, guidance, the sampler's shift and adapters left unset.")
     webhook_url: str | None = Field(None, max_length=2048)
     metadata: dict[str, str] | None = None
 

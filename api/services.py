@@ -13,6 +13,7 @@ from vidserve.config import Settings
 from vidserve.expiry import ExpirySweeper
 from vidserve.jobs import Job, JobStore
 from vidserve.keys import KeyRing
+from vidserve.loras import LoraRegistry
 from vidserve.ratelimit import LocalRateLimiter, RateLimiter
 from vidserve.storage import Storage, open_storage
 from vidserve.telemetry import Metrics
@@ -37,12 +38,16 @@ class Services:
     webhooks: WebhookSender
     chat: Any = None  # the LLM engine (pipelines.llm.engine.LLMEngine), or None when chat is off
     keyring: KeyRing | None = None  # None: the settings' keys
+    adapters: LoraRegistry | None = None  # None: the settings' (and the bundled) LoRA adapters
     limiter: RateLimiter = field(default_factory=LocalRateLimiter)
     sweeper: ExpirySweeper | None = None  # None: one on this store and storage
 
     def __post_init__(self) -> None:
         if self.keyring is None:
             self.keyring = KeyRing.from_settings(self.settings.keys, self.settings.keys_file)
+        if self.adapters is None:
+            self.adapters = LoraRegistry.from_settings(self.settings.lora_dirs, self.settings.loras,
+                                                      self.settings.lora_cache)
         if self.sweeper is None:
             self.sweeper = ExpirySweeper(self.store, self.storage, self.settings.expiry_sweep_seconds)
 

@@ -25,7 +25,7 @@ def submit_video(svc: Services, caller: Caller, body: VideoCreate, image_bytes: 
     spec = _model_spec(svc, body.model, svc.settings.default_model)
     image = load_image(image_bytes, svc.settings.max_image_pixels) if image_bytes is not None else None
     request = build_request(spec, svc.settings, body.prompt, size=body.size, seconds=body.seconds,
-                            num_frames=body.num_frames, fps=body.fps, image=image, **_options(body))
+                            num_frames=body.num_frames, fps=body.fps, image=image, **_options(svc, body))
     _check_request_quotas(svc, caller, request)
     seconds = f"{body.seconds:g}" if body.seconds is not None else f"{request.seconds:g}"
     if idempotency_key is not None and caller.name is not None:
@@ -55,15 +55,17 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
             raise video_expired(source_job, param="video")
         source_bytes = svc.storage.read_bytes(source_job.outputs["video"])
         model = source_job.model
-        steps, guidance = source_job.params.steps, source_job.params.guidance
+        steps, guidance, loras = source_job.params.steps, source_job.params.guidance, list(source_job.params.loras)
     else:
-        source_bytes, model, steps, guidance = upload, svc.settings.default_model, None, None
+        source_bytes, model, steps, guidance, loras = upload, svc.settings.default_model, None, None, None
     last, source_frames, fps = _decode_video(svc.settings, source_bytes)
     spec = _model_spec(svc, body.model, model)
-    options = _options(body)
+    options = _options(svc, body)
     # A referenced video's extension denoises like the video did, unless told otherwise.
     options["steps"] = options["steps"] if options["steps"] is not None else steps
     options["guidance"] = options["guidance"] if options["guidance"] is not None else guidance
+    if options["loras"] is None and options["preset"] is None:
+        options["loras"] = loras
     width, height = last.size
     request = build_request(spec, svc.settings, body.prompt, size=f"{width}x{height}", seconds=body.seconds,
                             fps=round(fps), image=last, continuing=True, **options)
@@ -92,11 +94,12 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str) -> Job
     return _enqueue(svc, job)
 
 
-def _options(body: _JobFields) -> dict:
+def _options(svc: Services, body: _JobFields) -> dict:
     return dict(steps=body.num_inference_steps, guidance=body.guidance_scale, seed=body.seed,
                 negative_prompt=body.negative_prompt or "", prompts=body.prompts,
                 drift_correction=body.drift_correction, attention=body.attention,
-                prompt_extend=body.prompt_extend, caption_chain=body.caption_chain, cache=body.cache)
+                prompt_extend=body.prompt_extend, caption_chain=body.caption_chain, cache=body.cache,
+                loras=body.loras, preset=body.preset, adapters=svc.adapters)
 
 
 def _job(svc: Services, caller: Caller, model: str, prompt: str, params: JobParams, *, webhook_url: str | None,

@@ -23,6 +23,13 @@ FRAME_HELDOUT for frames). Sections:
   default 4x4x4 tiles and with 1x4x4), and step caching, all on the same prompts and seeds,
   with seconds per clip.
 - vlm: captions and answers from vlm-shapes through POST /v1/chat/completions.
+- lora (not in the default --only): a LoRA adapter (--adapter, by default
+  vidserve/weights/wan-shapes-purple) on held-out purple prompts (shapes_world.PURPLE_HELDOUT:
+  (shape, direction, background) triples no purple training clip shows), with the adapter
+  and without it, and the usual held-out prompts with it loaded at scale 1 (does it leave the
+  known colours alone?). "colour" on purple prompts is the share of clips read purple.
+  `--only lora --purple 30` takes ~4 min on 2 quiet CPU cores (110 clips). Without an
+  adapter folder (`--adapter none`) it measures only the base model on the purple prompts.
 
 t2v, i2v, vae and every chunk of a chain also report area_ratio: the main shape's mean area
 in the generated clips over that in the rendered held-out clips; above 1, the model paints
@@ -55,11 +62,14 @@ from training.shapes_score import detect, score, score_caption  # noqa: E402
 from training.wan_shapes import to_clips, to_tensor  # noqa: E402
 from vidserve.config import Settings  # noqa: E402
 from vidserve.pipelines.chain import generate_video  # noqa: E402
+from vidserve.pipelines.video import get_pipeline  # noqa: E402
 from vidserve.registry import resolve  # noqa: E402
 from vidserve.requests import build_request  # noqa: E402
 
 MODEL, CHAT_MODEL = "wan-shapes", "vlm-shapes"
 SEED = 2026  # the eval set: never a training seed
+ADAPTER = "wan-shapes-purple"  # its adapter_name in the pipeline
+ADAPTER_FOLDER = Path(__file__).resolve().parents[1] / "vidserve" / "weights" / ADAPTER
 ATTRIBUTES = ("colour", "shape", "motion", "background")
 VARIANTS = {
     "dense": {},
@@ -117,6 +127,43 @@ def run_t2v(settings: Settings, specs: list, first_seed: int = 0, **kwargs) -> d
     scores = [score(clip, world.caption(spec)) for clip, spec in zip(clips, specs)]
     return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs), "area_ratio": area_ratio(clips, specs),
             "seconds_per_clip": round(seconds, 2)}
+
+
+def use_adapter(folder: Path | None, scale: float = 1.0) -> None:
+    """Load the LoRA in `folder` (once) onto the resident wan-shapes pipeline that generate() uses,
+    at `scale`; None turns every adapter off. Through diffusers alone: the one place to change
+    when vidserve serves adapters itself."""
+    pipe = get_pipeline(resolve(MODEL), "cpu", "float32").text_pipe  # the image pipeline shares its transformer
+    if folder is None:
+        if pipe.get_list_adapters():
+            pipe.disable_lora()
+        return
+    if ADAPTER not in pipe.get_list_adapters().get("transformer", []):
+        pipe.load_lora_weights(str(folder), adapter_name=ADAPTER)
+    pipe.enable_lora()
+    pipe.set_adapters([ADAPTER], [scale])
+
+
+def run_lora(settings: Settings, n: int, folder: Path | None, specs: list, set_seed: int = SEED,
+             first_seed: int = 0) -> dict:
+    """Held-out purple prompts without and with the adapter, and `specs` (the usual held-out
+    prompts) with it at scale 1."""
+    model = resolve(MODEL)
+    purple = world.sample_specs(n, set_seed, "heldout", frames=model.frames_per_chunk, width=model.width,
+                                height=model.height, colours="purple")
+    start, out = time.perf_counter(), {"adapter": str(folder) if folder else None,
+                                       "heldout_triples": sorted(" ".join(c) for c in world.PURPLE_HELDOUT)}
+    use_adapter(None)
+    out["purple, base model"] = run_t2v(settings, purple, first_seed)
+    if folder is not None:
+        try:
+            use_adapter(folder, 1.0)
+            out["purple, with the adapter"] = run_t2v(settings, purple, first_seed)
+            out["held-out prompts, with the adapter"] = run_t2v(settings, specs, first_seed)
+        finally:
+            use_adapter(None)
+    out["seconds"] = round(time.perf_counter() - start, 1)
+    return out
 
 
 def run_i2v(settings: Settings, specs: list, first_seed: int = 0) -> dict:
@@ -233,6 +280,10 @@ def main() -> None:
                         help="draws the held-out prompts: another seed is another set of the same held-out "
                              "combinations, to check that what was chosen on the default set holds elsewhere")
     parser.add_argument("--first-seed", type=int, default=0, help="clip i is generated with seed first-seed + i")
+    parser.add_argument("--purple", type=int, default=30, help="held-out purple prompts for the lora section")
+    parser.add_argument("--adapter", default=str(ADAPTER_FOLDER),
+                        help="the lora section's LoRA folder (diffusers' pytorch_lora_weights.safetensors); "
+                             "'none': the base model only")
     parser.add_argument("--out", default="benchmarks/results/shapes_eval.json")
     args = parser.parse_args()
     sections = set(args.only.split(","))
@@ -279,6 +330,15 @@ def main() -> None:
         print(f"\nvlm-shapes on {results['vlm']['frames']} held-out frames via /v1/chat/completions: "
               f"caption {results['vlm']['caption']}, colour question {results['vlm']['colour_question']}, "
               f"shape question {results['vlm']['shape_question']}")
+    if "lora" in sections:
+        folder = None if args.adapter == "none" else Path(args.adapter)
+        if folder is not None and not (folder / "pytorch_lora_weights.safetensors").is_file():
+            parser.error(f"no LoRA in {folder} (pytorch_lora_weights.safetensors); --adapter none for the base only")
+        results["lora"] = run_lora(settings, args.purple, folder, specs, args.set_seed, args.first_seed)
+        rows = {k: v for k, v in results["lora"].items() if isinstance(v, dict)}
+        print(table(f"LoRA {folder.name if folder else '(none)'}: {args.purple} held-out purple prompts "
+                    f"(colour = read purple) and {len(specs)} held-out prompts; {results['lora']['seconds']} s",
+                    rows, (*cols, "seconds_per_clip")))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
 

@@ -17,10 +17,12 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from vidserve.drift import Anchor, DriftMetrics, chain
+from vidserve.loras import LoraRegistry
 from vidserve.options import LoadOptions
 from vidserve.registry import resolve_local
 from vidserve.requests import GenerationRequest
 
+from .loras import LoraEvent
 from .video import StepCallback, VideoPipeline, get_pipeline
 
 ChunkCallback = Callable[[int, np.ndarray, DriftMetrics, str], None]  # (index, frames, drift, prompt)
@@ -42,17 +44,20 @@ class VideoResult:
     seed: int
     timings: dict[str, float] = field(default_factory=dict)  # seconds, summed over chunks
     chunks: list[ChunkReport] = field(default_factory=list)
+    loras: list[LoraEvent] = field(default_factory=list)  # each chunk's adapters, loaded or cached
 
 
 class _ChunkGenerator:
     """Adapts the Wan pipelines to the `generate(condition, num_frames, seed, chunk)` of drift.chain."""
 
     def __init__(self, request: GenerationRequest, first: VideoPipeline, continuation: VideoPipeline | None,
-                 on_step: StepCallback | None, load_seconds: float, caption: Captioner | None):
+                 on_step: StepCallback | None, load_seconds: float, caption: Captioner | None,
+                 adapters: LoraRegistry | None):
         self.request, self.first, self.continuation, self.on_step = request, first, continuation, on_step
-        self.caption = caption
+        self.caption, self.adapters = caption, adapters
         self.timings = {"load": load_seconds}
         self.prompts: dict[int, str] = {}
+        self.lora_events: list[LoraEvent] = []
 
     def generate(self, condition: np.ndarray | None, num_frames: int, seed: int, chunk: int) -> np.ndarray:
         r = self.request
@@ -70,7 +75,8 @@ class _ChunkGenerator:
             if self.on_step is not None:
                 self.on_step(steps_before + done, total)
 
-        result = pipeline.generate(request, on_step=on_step)
+        result = pipeline.generate(request, on_step=on_step, adapters=self.adapters)
+        self.lora_events += result.loras
         for phase, seconds in result.timings.items():
             self.timings[phase] = self.timings.get(phase, 0.0) + seconds
         return result.frames
@@ -78,8 +84,10 @@ class _ChunkGenerator:
 
 def generate_video(request: GenerationRequest, device: str = "auto", dtype: str = "auto",
                    on_step: StepCallback | None = None, on_chunk: ChunkCallback | None = None,
-                   caption: Captioner | None = None, load: LoadOptions = LoadOptions()) -> VideoResult:
-    """`caption` (the LLM path) is required when the request asks for `caption_chain`."""
+                   caption: Captioner | None = None, load: LoadOptions = LoadOptions(),
+                   adapters: LoraRegistry | None = None) -> VideoResult:
+    """`caption` (the LLM path) is required when the request asks for `caption_chain`;
+    `adapters`, the registered LoRAs, when it names `loras`."""
     if request.caption_chain and caption is None:
         raise RuntimeError("caption_chain needs a chat model to caption frames, and none is configured")
     spec = resolve_local(request.model)  # the API resolved it already, or the CLI's operator named it
@@ -87,7 +95,8 @@ def generate_video(request: GenerationRequest, device: str = "auto", dtype: str 
     first = get_pipeline(spec, device, dtype, load)
     chained = request.continuing or len(request.chunk_frames) > 1
     continuation = get_pipeline(resolve_local(spec.continues_with), device, dtype, load) if chained else None
-    generator = _ChunkGenerator(request, first, continuation, on_step, time.perf_counter() - start, caption)
+    generator = _ChunkGenerator(request, first, continuation, on_step, time.perf_counter() - start, caption,
+                                adapters)
 
     condition = anchor = None
     if request.image is not None:
@@ -106,4 +115,5 @@ def generate_video(request: GenerationRequest, device: str = "auto", dtype: str 
 
     frames, _ = chain(generator, request.chunk_frames, request.drift_correction, request.seed,
                       condition=condition, anchor=anchor, continuing=request.continuing, on_chunk=chunk_done)
-    return VideoResult(frames=frames, fps=request.fps, seed=request.seed, timings=generator.timings, chunks=reports)
+    return VideoResult(frames=frames, fps=request.fps, seed=request.seed, timings=generator.timings, chunks=reports,
+                       loras=generator.lora_events)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from contextlib import contextmanager
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import torch
 from diffusers import DiffusionPipeline, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
 from PIL import Image, ImageOps
 
+from vidserve.loras import LoraRegistry
 from vidserve.options import LoadOptions
 from vidserve.registry import SERVING_FILE, ModelSpec
 from vidserve.requests import GenerationRequest
@@ -28,6 +30,7 @@ from vidserve.requests import GenerationRequest
 from .attention import SparseAttention
 from .devices import placement
 from .fetch import fetching
+from .loras import AdapterCache, LoraEvent
 from .speedups import prepare, step_cache, transformers_of
 from .tiny import build_tiny_pipeline
 
@@ -39,6 +42,7 @@ class GenerationResult:
     fps: int
     seed: int
     timings: dict[str, float] = field(default_factory=dict)  # seconds: load, denoise, decode
+    loras: list[LoraEvent] = field(default_factory=list)  # the adapters it used, loaded now or cached
 
 
 def _load_diffusers(spec: ModelSpec, dtype: torch.dtype) -> DiffusionPipeline:
@@ -81,6 +85,7 @@ class VideoPipeline:
             self.image_pipe.set_progress_bar_config(disable=True)
         self.transformers = transformers_of(pipe)
         self.attention = SparseAttention(self.transformers)
+        self.adapters = AdapterCache(pipe, self.transformers)  # both pipelines of a TI2V model share them
 
     @classmethod
     def load(cls, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
@@ -92,7 +97,9 @@ class VideoPipeline:
         (self.text_pipe or self.image_pipe).save_pretrained(folder, safe_serialization=True)
         (Path(folder) / SERVING_FILE).write_text(json.dumps({"base": self.spec.name}, indent=2) + "\n")
 
-    def generate(self, request: GenerationRequest, on_step: StepCallback | None = None) -> GenerationResult:
+    def generate(self, request: GenerationRequest, on_step: StepCallback | None = None,
+                 adapters: LoraRegistry | None = None) -> GenerationResult:
+        """`adapters`: the registered LoRAs the request's `loras` name."""
         kwargs = dict(
             prompt=request.prompt,
             negative_prompt=request.negative_prompt or None,
@@ -115,6 +122,7 @@ class VideoPipeline:
             raise ValueError(f"model {self.spec.name} cannot generate {'with' if request.image else 'without'} an image")
 
         self.attention.configure(request.attention)
+        lora_events = self.adapters.use(request.loras, adapters or LoraRegistry([]))
         last_step = [time.perf_counter()]
 
         def step_end(_pipe, index, _timestep, callback_kwargs):
@@ -125,12 +133,25 @@ class VideoPipeline:
             return callback_kwargs
 
         start = time.perf_counter()
-        with torch.inference_mode(), step_cache(self.transformers, request.cache):
+        with torch.inference_mode(), step_cache(self.transformers, request.cache), _shifted(pipe, request.flow_shift):
             video = pipe(callback_on_step_end=step_end, **kwargs).frames[0]
         end = time.perf_counter()
         frames = (np.clip(video, 0.0, 1.0) * 255.0).round().astype(np.uint8)
         timings = {"denoise": last_step[0] - start, "decode": end - last_step[0]}
-        return GenerationResult(frames=frames, fps=request.fps, seed=request.seed, timings=timings)
+        return GenerationResult(frames=frames, fps=request.fps, seed=request.seed, timings=timings,
+                                loras=lora_events)
+
+
+@contextmanager
+def _shifted(pipe: DiffusionPipeline, flow_shift: float | None):
+    """The pipeline with a scheduler of this flow shift (a preset's) for one request."""
+    scheduler = pipe.scheduler
+    if flow_shift is not None and scheduler.config.get("flow_shift", flow_shift) != flow_shift:
+        pipe.scheduler = type(scheduler).from_config(scheduler.config, flow_shift=flow_shift)
+    try:
+        yield
+    finally:
+        pipe.scheduler = scheduler
 
 
 _loaded: dict[tuple[str, str, str, LoadOptions], VideoPipeline] = {}

@@ -116,7 +116,8 @@ class SeaweedFS(_Service):
         flags += [f"-{name}.port.grpc={port}" for name, port in self.grpc.items()]
         return [exe, "server", "-s3", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.workdir}", *flags,
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false", "-volume.preStopSeconds=0",
-                "-master.volumeSizeLimitMB=64",
+                # Volumes as many as the disk holds (each bucket takes several), of 64 MB each.
+                "-master.volumeSizeLimitMB=64", "-volume.max=0",
                 # The master elects itself within a second of a restart, not after its default 10 s.
                 "-master.electionTimeout=1s"]
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from polling import eventually
+from stores import TEST_BUCKET
 
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
@@ -23,7 +24,7 @@ from vidserve.jobstore_sqlite import SQLiteJobStore
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
 from vidserve.storage import LocalStorage
-from vidserve.storage_s3 import S3Storage, s3_client
+from vidserve.storage_s3 import S3Storage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret
 
@@ -45,19 +46,11 @@ def open_store(kind: str, request, tmp_path, prefix: str | None = None):
     return RedisJobStore(request.getfixturevalue("redis_url"), prefix=prefix or f"expiry-{uuid.uuid4().hex}")
 
 
-@pytest.fixture(scope="module")
-def bucket(s3_url) -> str:
-    """One bucket for the module: SeaweedFS gives each bucket volumes of its own, and runs out of them."""
-    name = f"expiry-{uuid.uuid4().hex[:16]}"
-    s3_client(s3_url).create_bucket(Bucket=name)
-    return name
-
-
 def open_files(kind: str, request, tmp_path):
     if kind == "local":
         return LocalStorage(tmp_path / "files")
-    s3_url, bucket = request.getfixturevalue("s3_url"), request.getfixturevalue("bucket")
-    return S3Storage.from_url(f"s3://{bucket}/{uuid.uuid4().hex}", endpoint_url=s3_url)  # a prefix per test
+    s3_url = request.getfixturevalue("s3_url")
+    return S3Storage.from_url(f"s3://{TEST_BUCKET}/{uuid.uuid4().hex}", endpoint_url=s3_url)  # a prefix per test
 
 
 def make_client(store, storage, tmp_path, **settings) -> tuple[TestClient, Services]:

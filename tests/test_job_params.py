@@ -21,6 +21,7 @@ from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.jobstore_redis import RedisJobStore
 from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.loras import LoraRequest
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
 from vidserve.requests import GenerationRequest
@@ -35,7 +36,8 @@ BODY = {"model": "wan-tiny", "prompt": "a red fox", "size": "96x80", "num_frames
         "num_inference_steps": 3, "guidance_scale": 2.5, "seed": 1234, "negative_prompt": "blurry",
         "prompts": ["the fox sits", "the fox runs"], "drift_correction": "none",
         "attention": {"mode": "topk", "density": 0.25, "tile": [2, 4, 4]},
-        "cache": {"kind": "first_block", "threshold": 0.1}, "prompt_extend": True, "caption_chain": True}
+        "cache": {"kind": "first_block", "threshold": 0.1}, "prompt_extend": True, "caption_chain": True,
+        "loras": [{"name": "tiny-style", "scale": 0.5}], "preset": "fast"}
 # Multipart carries every field as a string, structured ones as JSON.
 FORM = {k: json.dumps(v) if isinstance(v, (dict, list)) else str(v).lower() if isinstance(v, bool) else str(v)
         for k, v in BODY.items()}
@@ -59,6 +61,10 @@ WALK = {
     "cache": ({"kind": "first_block", "threshold": 0.1}, "cache", {"kind": "first_block", "threshold": 0.1}),
     "prompt_extend": (True, "prompt_extend", True),
     "caption_chain": (True, "caption_chain", True),
+    "loras": ((LoraRequest(name="tiny-style", scale=0.5),), "loras", [{"name": "tiny-style", "scale": 0.5,
+                                                                         "target": "both"}]),
+    "preset": ("fast", "preset", "fast"),
+    "flow_shift": (2.0, None, None),  # the preset's; the fields the body gives (steps, guidance) win over it
     "seconds": ("5.33333", "seconds", "5.33333"),  # (65 - 1) / 12
     "source_frames": (0, None, None),  # walked by the extension test below
 }
@@ -87,7 +93,10 @@ class RecordingQueue:
 @pytest.fixture(params=["sqlite", "redis"])
 def api(request, tmp_path):
     # A chat endpoint is configured (never called here), so prompt_extend and caption_chain are accepted.
-    settings = Settings(data_dir=tmp_path / "data", chat_model="", chat_url="http://127.0.0.1:9/v1")
+    adapter = tmp_path / "tiny-style.safetensors"  # registered, never loaded: no job runs here
+    adapter.write_bytes(b"")
+    settings = Settings(data_dir=tmp_path / "data", chat_model="", chat_url="http://127.0.0.1:9/v1",
+                        loras=f"tiny-style={adapter}")
     if request.param == "sqlite":
         store = SQLiteJobStore(tmp_path / "jobs.sqlite")
     else:

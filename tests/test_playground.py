@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from lora_files import random_lora
 from PIL import Image, ImageStat
 from polling import eventually
 from servers import Server
@@ -433,4 +434,34 @@ def test_videos_play_from_presigned_storage_urls(seaweedfs, browser, tmp_path):
         assert all("authorization" not in headers for headers in storage_requests)  # the key stays with the API
         context.close()
     finally:
+        server.stop()
+
+
+def test_the_form_applies_a_chosen_adapter(browser, tmp_path):
+    (tmp_path / "loras" / "tiny-style").mkdir(parents=True)
+    random_lora(tmp_path / "loras" / "tiny-style", seed=5)
+    server = Server(tmp_path / "data", extra=["--lora-dir", str(tmp_path / "loras"), "--chat-model", ""]).start()
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        page.goto(server.url)
+        wait_until(page, "[...document.querySelector('#lora').options].some(o => o.value === 'tiny-style')")
+        page.fill("#prompt", "a fox")
+        page.select_option("#model", "wan-tiny")
+        page.select_option("#lora", "tiny-style")
+        page.fill("#lora-scale", "0.5")
+        page.fill("#steps", "2")
+        page.click("#generate")
+        page.wait_for_selector("#live:not([hidden])")
+        video_id = page.text_content("#live-id")
+        wait_until(page, "document.querySelector('#live-status').textContent.startsWith('completed')")
+        with urllib.request.urlopen(f"{server.url}/v1/videos/{video_id}") as response:
+            video = json.load(response)
+        assert video["loras"] == [{"name": "tiny-style", "scale": 0.5, "target": "both"}]
+        # The playground's own process ran it, so the adapter now shows as loaded.
+        with urllib.request.urlopen(f"{server.url}/v1/loras") as response:
+            assert {a["id"]: a["loaded"] for a in json.load(response)["data"]}["tiny-style"] is True
+    finally:
+        context.close()
         server.stop()

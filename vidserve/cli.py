@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from vidserve.config import DEVICE_PATTERN, DTYPE_NAMES, Settings, get_settings
-from vidserve.errors import VidserveError, from_validation_error
+from vidserve.errors import InvalidRequest, VidserveError, from_validation_error
 from vidserve.quality import output_warnings
 
 PROG = "vidserve"
@@ -30,8 +30,13 @@ def _settings(args: argparse.Namespace) -> Settings:
     names = ("device", "dtype", "data_dir", "storage", "queue", "redis_url", "allow_volatile_redis", "chat_model",
              "chat_url", "quantization", "compile", "offload", "vae_tiling")
     overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
+    base = get_settings()
+    # Adapters registered on the command line come on top of those the environment registers.
+    for flag, setting in (("lora_dir", "lora_dirs"), ("register_lora", "loras")):
+        if getattr(args, flag, None):
+            overrides[setting] = ",".join(filter(None, [getattr(base, setting), *map(str, getattr(args, flag))]))
     try:
-        return Settings.model_validate({**get_settings().model_dump(), **overrides})
+        return Settings.model_validate({**base.model_dump(), **overrides})
     except ValidationError as exc:
         raise from_validation_error(exc) from None
 
@@ -47,15 +52,31 @@ def _placed(settings: Settings) -> Settings:
 def cmd_models(args: argparse.Namespace) -> int:
     from vidserve.registry import MODELS
 
-    rows = [("name", "kind", "native size", "fps", "chunk", "shift", "experts", "stride x patch", "source")]
+    rows = [("name", "kind", "native size", "fps", "chunk", "shift", "experts", "stride x patch", "presets",
+             "source")]
     for s in MODELS.values():
         geometry = "x".join(map(str, s.vae_stride)) + " x " + "x".join(map(str, s.patch_size))
         rows.append((s.name, s.kind, f"{s.width}x{s.height}", str(s.fps), str(s.frames_per_chunk),
-                     f"{s.flow_shift:g}", str(s.experts), geometry, s.source))
+                     f"{s.flow_shift:g}", str(s.experts), geometry, ",".join(n for n, _ in s.presets) or "-",
+                     s.source))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     return 0
+
+
+def _lora_uses(given: list[str] | None) -> list[dict] | None:
+    """--lora NAME[:SCALE] values as the request's `loras`."""
+    if not given:
+        return None
+    uses = []
+    for value in given:
+        name, sep, scale = value.rpartition(":")
+        try:
+            uses.append({"name": name, "scale": float(scale)} if sep else {"name": value})
+        except ValueError:
+            raise InvalidRequest(f"--lora takes NAME or NAME:SCALE, got {value!r}", param="loras") from None
+    return uses
 
 
 def _attention_overrides(args: argparse.Namespace) -> dict | None:
@@ -71,6 +92,7 @@ def _cache_overrides(args: argparse.Namespace) -> dict | None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from vidserve.loras import LoraRegistry
     from vidserve.media import encode_mp4, load_image
     from vidserve.registry import resolve_local
     from vidserve.requests import build_request
@@ -78,11 +100,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     settings = _placed(_settings(args))
     spec = resolve_local(args.model or settings.default_model)
     image = load_image(args.image, settings.max_image_pixels) if args.image else None
+    adapters = LoraRegistry.from_settings(settings.lora_dirs, settings.loras, settings.lora_cache)
     request = build_request(
         spec, settings, args.prompt, size=args.size, seconds=args.seconds, num_frames=args.frames, fps=args.fps,
         steps=args.steps, guidance=args.guidance, seed=args.seed, negative_prompt=args.negative_prompt or "",
         image=image, prompts=args.chunk_prompt, drift_correction=args.drift_correction,
         attention=_attention_overrides(args), cache=_cache_overrides(args),
+        loras=_lora_uses(args.use_lora), preset=args.preset, adapters=adapters,
     )
     output = Path(args.output or f"vidserve-{request.seed}.mp4")
     if output.parent and not output.parent.exists():
@@ -97,7 +121,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                                                    else "")
     with tqdm(total=request.steps * chunks, desc=desc, unit="step", file=sys.stderr, disable=args.quiet) as bar:
         result = generate_video(request, settings.device, settings.dtype,
-                                on_step=lambda done, total: bar.update(done - bar.n), load=settings.load)
+                                on_step=lambda done, total: bar.update(done - bar.n), load=settings.load,
+                                adapters=adapters)
     start = time.perf_counter()
     encode_mp4(result.frames, output, fps=request.fps)
     timings = {**result.timings, "encode": time.perf_counter() - start}
@@ -213,6 +238,19 @@ def _device(value: str) -> str:
     return value
 
 
+def _add_lora_dir_flag(parser: argparse.ArgumentParser, settings: Settings) -> None:
+    parser.add_argument("--lora-dir", action="append", type=Path, metavar="DIR",
+                        help="register every LoRA adapter in DIR (.safetensors files, or folders holding one); "
+                             f"repeatable (default: {settings.lora_dirs or 'the bundled adapters only'})")
+
+
+def _add_lora_registration_flags(parser: argparse.ArgumentParser, settings: Settings) -> None:
+    """The adapters requests may name: the API and its workers must register the same ones."""
+    _add_lora_dir_flag(parser, settings)
+    parser.add_argument("--lora", dest="register_lora", action="append", metavar="NAME=PATH",
+                        help="register the adapter at PATH (a .safetensors file or a folder) as NAME; repeatable")
+
+
 def _add_placement_flags(parser: argparse.ArgumentParser, settings: Settings) -> None:
     parser.add_argument("--device", type=_device,
                         help=f"auto (cuda if there is a GPU), cpu, cuda or cuda:N (default: {settings.device})")
@@ -276,6 +314,12 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--cache-threshold", type=float,
                      help=f"first_block: reuse a step below this change (default: {s.cache.threshold:g})")
     _add_load_flags(gen, s)
+    gen.add_argument("--lora", dest="use_lora", action="append", metavar="NAME[:SCALE]",
+                     help="apply this registered LoRA adapter (bundled, or from --lora-dir), at SCALE (default 1); "
+                          "repeatable")
+    gen.add_argument("--preset", help="one of the model's presets (see 'vidserve models'): steps, guidance, shift "
+                                      "and adapters, which other flags override")
+    _add_lora_dir_flag(gen, s)
     gen.add_argument("-o", "--output", help="output MP4 path (default: vidserve-SEED.mp4)")
     _add_placement_flags(gen, s)
     gen.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -301,6 +345,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--chat-model", help="chat model: name, hub id or folder; '' for none "
                                             f"(default: {s.chat_model or 'none'})")
     _add_load_flags(serve, s)
+    _add_lora_registration_flags(serve, s)
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="server log level (default: info)")
     serve.set_defaults(func=cmd_serve)
@@ -319,6 +364,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     worker.add_argument("--chat-url", help="chat endpoint for prompt_extend / caption_chain, e.g. "
                                            f"http://api:8000/v1 (default: {s.chat_url or 'none'})")
     _add_load_flags(worker, s)
+    _add_lora_registration_flags(worker, s)
     worker.set_defaults(func=cmd_worker)
 
     check = sub.add_parser("check", help="verify what a deployment needs: Redis, storage, models, device",

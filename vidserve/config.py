@@ -50,6 +50,12 @@ class Settings(BaseSettings):
     max_frames: int = Field(481, gt=0, description="Most frames a request may ask for (4k+1).")
     max_side: int = Field(1280, gt=0, description="Largest width or height in pixels.")
     max_steps: int = Field(100, gt=0, description="Most denoising steps a request may ask for.")
+    lora_dirs: str = Field("", description="Folders whose LoRA adapters (.safetensors files, or folders holding "
+                           "one) requests may name, separated by ',' or os.pathsep; the bundled adapters always work.")
+    loras: str = Field("", description="More adapters, as NAME=PATH pairs separated by ','.")
+    max_loras: int = Field(4, ge=0, le=16, description="Most adapters one request may use.")
+    lora_cache: int = Field(8, ge=1, description="Adapters a worker keeps loaded per model, least recently used "
+                            "dropped first.")
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest conditioning image (width*height).")
     max_upload_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest uploaded file; any request body "
                                   "(JSON, form, chunked, chat) may be this plus 64 KiB, and is read no further.")

@@ -324,6 +324,8 @@ def video_object(job: Job) -> dict[str, Any]:
         "seed": p.seed,
         "attention": p.attention.model_dump(),
         "cache": p.cache.model_dump(),
+        "loras": [lora.model_dump() for lora in p.loras],
+        "preset": p.preset,
         "prompts": list(p.prompts) or None,
         "prompt_extend": p.prompt_extend,
         "extended_prompt": job.extended_prompt,

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vidserve.loras import LoraRequest
 from vidserve.options import AttentionOptions, CacheOptions
 from vidserve.requests import GenerationRequest
 
@@ -35,6 +36,9 @@ class JobParams(BaseModel):
     cache: CacheOptions = CacheOptions()
     prompt_extend: bool = False
     caption_chain: bool = False
+    loras: tuple[LoraRequest, ...] = ()
+    preset: str | None = None
+    flow_shift: float | None = None
     # Not part of the request: what the video object reports.
     seconds: str = Field(description="The video's length as OpenAI reports it: the seconds asked for, or, for an "
                                      "extension, the stitched total.")

@@ -15,6 +15,25 @@ from pathlib import Path
 from typing import Sequence
 
 from vidserve.errors import InvalidRequest, UnknownModel
+from vidserve.loras import LoraRequest
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sampling settings that go together, e.g. a step-distilled adapter's: a request naming
+    the preset gets these, and its own fields still override them."""
+
+    steps: int
+    guidance: float
+    flow_shift: float | None = None  # None: the model's
+    loras: tuple[LoraRequest, ...] = ()  # adapters the preset adds; they must be registered
+    description: str = ""
+
+    def to_dict(self, name: str) -> dict:
+        return {"name": name, "num_inference_steps": self.steps, "guidance_scale": self.guidance,
+                "flow_shift": self.flow_shift, "loras": [lora.model_dump() for lora in self.loras],
+                "description": self.description}
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -35,6 +54,14 @@ class ModelSpec:
     continues_with: str | None = None  # the image-to-video model that extends this model's clips
     text_tokens: int = 512  # prompts are padded/truncated to this many tokens, as the model was trained
     description: str = ""
+    presets: tuple[tuple[str, Preset], ...] = ()  # (name, preset) pairs
+
+    def preset(self, name: str) -> Preset:
+        found = dict(self.presets).get(name)
+        if found is None:
+            known = ", ".join(n for n, _ in self.presets) or "none"
+            raise InvalidRequest(f"model {self.name} has no preset {name!r}; its presets: {known}", param="preset")
+        return found
 
     @property
     def needs_image(self) -> bool:
@@ -63,6 +90,14 @@ class ModelSpec:
 WEIGHTS = Path(__file__).resolve().parent / "weights"  # the trained shapes-world models (training/)
 
 _WAN21 = dict(vae_stride=(4, 8, 8), patch_size=(1, 2, 2))
+
+
+def _distilled(*loras: LoraRequest) -> tuple[tuple[str, Preset], ...]:
+    """lightx2v's published step- and CFG-distilled adapters: 4 steps, guidance off, shift 5.
+    The adapter files are the operator's to fetch and register under these names."""
+    names = " and ".join(repr(lora.name) for lora in loras)
+    return (("distill-4step", Preset(4, 1.0, 5.0, loras, f"4 steps without CFG through lightx2v's distilled LoRA "
+                                     f"(register it as {names}: --lora NAME=PATH)")),)
 _WAN22_5B = dict(vae_stride=(4, 16, 16), patch_size=(1, 2, 2))
 
 MODELS: dict[str, ModelSpec] = {
@@ -71,9 +106,11 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("wan-shapes", "ti2v", str(WEIGHTS / "wan-shapes"), 64, 64, 16, 17, 2.0, default_steps=20,
                   default_guidance=4.0, continues_with="wan-shapes", vae_stride=(4, 4, 4), patch_size=(1, 2, 2),
                   text_tokens=24, description="Wan2.2-TI2V-style model trained on the shapes world (training/): "
-                  "coloured shapes moving on plain backgrounds; text or first frame to video"),
+                  "coloured shapes moving on plain backgrounds; text or first frame to video",
+                  presets=(("draft", Preset(8, 4.0, description="8 steps instead of 20: a quick look")),)),
         ModelSpec("wan-tiny", "t2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4, continues_with="wan-tiny-i2v",
-                  description="Random-weight Wan2.1-style text-to-video, built in code (tests, demos)", **_WAN21),
+                  description="Random-weight Wan2.1-style text-to-video, built in code (tests, demos)",
+                  presets=(("fast", Preset(2, 1.0, 2.0, description="2 steps, no CFG, shift 2")),), **_WAN21),
         ModelSpec("wan-tiny-i2v", "i2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4, continues_with="wan-tiny-i2v",
                   description="Random-weight Wan2.1-style image-to-video with a tiny CLIP encoder", **_WAN21),
         ModelSpec("wan-tiny-ti2v", "ti2v", "builtin", 64, 64, 24, 33, 5.0, default_steps=4,
@@ -83,17 +120,24 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Wan2.1-T2V-1.3B", "t2v", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", 832, 480, 16, 81, 3.0,
                   default_guidance=5.0, continues_with="Wan2.1-I2V-14B-480P", **_WAN21),
         ModelSpec("Wan2.1-T2V-14B", "t2v", "Wan-AI/Wan2.1-T2V-14B-Diffusers", 1280, 720, 16, 81, 5.0,
-                  continues_with="Wan2.1-I2V-14B-720P", **_WAN21),
+                  continues_with="Wan2.1-I2V-14B-720P", presets=_distilled(LoraRequest(name="lightx2v-t2v-14b")),
+                  **_WAN21),
         ModelSpec("Wan2.1-I2V-14B-480P", "i2v", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", 832, 480, 16, 81, 3.0,
-                  continues_with="Wan2.1-I2V-14B-480P", **_WAN21),
+                  continues_with="Wan2.1-I2V-14B-480P", presets=_distilled(LoraRequest(name="lightx2v-i2v-14b-480p")),
+                  **_WAN21),
         ModelSpec("Wan2.1-I2V-14B-720P", "i2v", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", 1280, 720, 16, 81, 5.0,
-                  continues_with="Wan2.1-I2V-14B-720P", **_WAN21),
+                  continues_with="Wan2.1-I2V-14B-720P", presets=_distilled(LoraRequest(name="lightx2v-i2v-14b-720p")),
+                  **_WAN21),
         ModelSpec("Wan2.2-TI2V-5B", "ti2v", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", 1280, 704, 24, 121, 5.0,
                   continues_with="Wan2.2-TI2V-5B", **_WAN22_5B),
         ModelSpec("Wan2.2-T2V-A14B", "t2v", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", 1280, 720, 16, 81, 12.0,
-                  experts=2, boundary_ratio=0.875, default_guidance=4.0, continues_with="Wan2.2-I2V-A14B", **_WAN21),
+                  experts=2, boundary_ratio=0.875, default_guidance=4.0, continues_with="Wan2.2-I2V-A14B",
+                  presets=_distilled(LoraRequest(name="lightning-t2v-a14b-high", target="high"),
+                                     LoraRequest(name="lightning-t2v-a14b-low", target="low")), **_WAN21),
         ModelSpec("Wan2.2-I2V-A14B", "i2v", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", 1280, 720, 16, 81, 5.0,
-                  experts=2, boundary_ratio=0.9, default_guidance=3.5, continues_with="Wan2.2-I2V-A14B", **_WAN21),
+                  experts=2, boundary_ratio=0.9, default_guidance=3.5, continues_with="Wan2.2-I2V-A14B",
+                  presets=_distilled(LoraRequest(name="lightning-i2v-a14b-high", target="high"),
+                                     LoraRequest(name="lightning-i2v-a14b-low", target="low")), **_WAN21),
     ]
 }
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest, from_validation_error
+from vidserve.loras import LoraRegistry, LoraRequest
 from vidserve.options import AttentionOptions, CacheOptions
 from vidserve.registry import ModelSpec
 
@@ -47,6 +48,10 @@ class GenerationRequest:
     prompt_extend: bool = False
     caption_chain: bool = False
     cache: CacheOptions = field(default_factory=CacheOptions)
+    # LoRA adapters applied on every chunk; none runs exactly the base model.
+    loras: tuple[LoraRequest, ...] = ()
+    preset: str | None = None  # the preset it was filled from, as recorded
+    flow_shift: float | None = None  # the sampler's shift; None: the model's
 
     @property
     def seconds(self) -> float:
@@ -107,21 +112,34 @@ def build_request(
     prompt_extend: bool = False,
     caption_chain: bool = False,
     cache: CacheOptions | dict[str, Any] | None = None,
+    loras: list[LoraRequest | dict[str, Any]] | None = None,
+    preset: str | None = None,
+    adapters: LoraRegistry | None = None,
 ) -> GenerationRequest:
     """Check every field against the model and the server limits; fill in defaults.
 
     With `continuing`, `image` is the last frame of a video being extended and the length
-    (`seconds` or `num_frames`) is what is added: 4*ceil(seconds*fps/4) new frames."""
+    (`seconds` or `num_frames`) is what is added: 4*ceil(seconds*fps/4) new frames.
+    `preset` (one of the model's) fills steps, guidance, the sampler's shift and adapters the
+    request leaves unset; `adapters` are the registered ones `loras` may name."""
     check_prompt(prompt, settings)
+    flow_shift = None
+    if preset is not None:
+        chosen = spec.preset(preset)
+        steps = chosen.steps if steps is None else steps
+        guidance = chosen.guidance if guidance is None else guidance
+        flow_shift = chosen.flow_shift
+        loras = list(chosen.loras) if loras is None else loras
     if len(negative_prompt) > settings.max_prompt_chars:
         raise InvalidRequest(f"negative_prompt is {len(negative_prompt)} characters; the limit is "
                              f"{settings.max_prompt_chars}", param="negative_prompt")
     if continuing:
-        return _continuation(spec, settings, prompt, image=image, seconds=seconds, num_frames=num_frames, fps=fps,
-                             size=size, steps=steps, guidance=guidance, seed=seed, negative_prompt=negative_prompt,
-                             prompts=prompts, drift_correction=drift_correction, attention=attention,
-                             prompt_extend=prompt_extend, caption_chain=caption_chain,
-                             cache=cache)
+        request = _continuation(spec, settings, prompt, image=image, seconds=seconds, num_frames=num_frames,
+                                fps=fps, size=size, steps=steps, guidance=guidance, seed=seed,
+                                negative_prompt=negative_prompt, prompts=prompts, drift_correction=drift_correction,
+                                attention=attention, prompt_extend=prompt_extend, caption_chain=caption_chain,
+                                cache=cache)
+        return _with_adapters(request, spec, settings, loras, preset, flow_shift, adapters)
     if spec.needs_image and image is None:
         raise InvalidRequest(f"model {spec.name} is image-to-video: give an image to start from", param="image")
     if image is not None and not spec.accepts_image:
@@ -178,13 +196,31 @@ def build_request(
     attention = _with_defaults(AttentionOptions, "attention", attention, settings.attention)
     cache = _with_defaults(CacheOptions, "cache", cache, settings.cache)
 
-    return GenerationRequest(
+    request = GenerationRequest(
         model=spec.name, prompt=prompt, negative_prompt=negative_prompt, image=image,
         width=width, height=height, num_frames=num_frames, fps=fps, steps=steps,
         guidance=guidance, seed=seed, chunk_frames=chunk_frames, prompts=list(prompts or []),
         drift_correction=drift_correction, attention=attention,
         prompt_extend=prompt_extend, caption_chain=caption_chain, cache=cache,
     )
+    return _with_adapters(request, spec, settings, loras, preset, flow_shift, adapters)
+
+
+def _with_adapters(request: GenerationRequest, spec: ModelSpec, settings: Settings, loras, preset: str | None,
+                   flow_shift: float | None, adapters: LoraRegistry | None) -> GenerationRequest:
+    """The request with its adapters, checked against the registered ones and every model it
+    runs on: a long video's or an extension's continuation model too."""
+    try:
+        request.loras = tuple(LoraRequest.model_validate(lora) for lora in loras or ())
+    except ValidationError as exc:
+        raise from_validation_error(exc, prefix="loras") from None
+    if request.loras:
+        models = [] if request.continuing else [spec.name]
+        if request.continuing or len(request.chunk_frames) > 1:
+            models.append(spec.continues_with)
+        (adapters or LoraRegistry([])).check(request.loras, models, settings.max_loras)
+    request.preset, request.flow_shift = preset, flow_shift
+    return request
 
 
 def check_prompt(prompt: str, settings: Settings) -> None:

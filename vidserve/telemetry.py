@@ -30,6 +30,14 @@ class Metrics:
         self.output_warnings = CounterMetric("vidserve_output_warnings", "Completed videos that look wrong "
                                              "(blank, one flat colour, frozen), by model and warning code.",
                                              ["model", "code"], registry=self.registry)
+        self.lora_loads = CounterMetric("vidserve_lora_loads", "LoRA adapters loaded onto a pipeline, by model "
+                                        "and adapter.", ["model", "adapter"], registry=self.registry)
+        self.lora_cache_hits = CounterMetric("vidserve_lora_cache_hits", "Requests (chunks) that found their adapter "
+                                             "loaded already, by model and adapter.", ["model", "adapter"],
+                                             registry=self.registry)
+        self.lora_load_time = Histogram("vidserve_lora_load_seconds", "Seconds to load one adapter.", ["model"],
+                                        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+                                        registry=self.registry)
 
         # Per API key name (never the key): what each tenant gets and is refused.
         self.key_accepted = CounterMetric("vidserve_key_jobs_accepted", "Jobs accepted, by API key name.", ["key"],

@@ -30,6 +30,7 @@ from vidserve.config import Settings
 from vidserve.drift import DriftMetrics
 from vidserve.errors import JobCancelled, VidserveError
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore, LeaseLost
+from vidserve.loras import LoraRegistry
 from vidserve.media import encode_mp4, last_frame, load_image, read_video_bytes, save_thumbnail
 from vidserve.outages import STORE_UNAVAILABLE, through_outages
 from vidserve.quality import output_warnings
@@ -63,6 +64,7 @@ class JobRunner:
         self.webhooks = webhooks
         self.worker_id = worker_id or default_worker_id()
         self.writer = writer  # the LLM path, for prompt_extend and caption_chain
+        self.adapters = LoraRegistry.from_settings(settings.lora_dirs, settings.loras, settings.lora_cache)
 
     def run(self, job_id: str) -> Job | None:
         """Run the job if it is still queued; return its record as this run left it (None if
@@ -105,7 +107,8 @@ class JobRunner:
             one_chunk = source is None and len(request.chunk_frames) == 1
             result = generate_video(request, self.settings.device, self.settings.dtype, on_step=self._on_step(job),
                                     on_chunk=self._on_chunk(job, request.fps, one_chunk), caption=caption,
-                                    load=self.settings.load)
+                                    load=self.settings.load, adapters=self.adapters)
+            self._count_loras(job, result.loras)
             # An extension's video is the source followed by the new frames.
             frames = result.frames if source is None else np.concatenate([source, result.frames])
             start = time.perf_counter()
@@ -176,6 +179,14 @@ class JobRunner:
             self._write(job.id, jobs.chunk_done(self.worker_id, chunk))
 
         return on_chunk
+
+    def _count_loras(self, job: Job, events) -> None:
+        for event in events:
+            if event.cached:
+                self.metrics.lora_cache_hits.labels(job.model, event.name).inc()
+            else:
+                self.metrics.lora_loads.labels(job.model, event.name).inc()
+                self.metrics.lora_load_time.labels(job.model).observe(event.seconds)
 
     def _report_warnings(self, job: Job) -> None:
         """A blank, flat or frozen video still completes, but is logged and counted as such."""

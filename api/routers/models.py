@@ -12,7 +12,8 @@ router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(a
 def _model(spec) -> dict:
     return {"id": spec.name, "object": "model", "created": 0, "owned_by": "vidserve", "kind": spec.kind,
             "size": f"{spec.width}x{spec.height}", "fps": spec.fps, "frames_per_chunk": spec.frames_per_chunk,
-            "source": spec.source, "description": spec.description}
+            "source": spec.source, "description": spec.description,
+            "presets": [preset.to_dict(name) for name, preset in spec.presets]}
 
 
 def _chat_model(spec) -> dict:

@@ -35,8 +35,9 @@ $("forget").addEventListener("click", () => {
 
 async function loadModels() {
   try {
-    const { data } = await api.getJSON("v1/models");
+    const [{ data }, loras] = await Promise.all([api.getJSON("v1/models"), api.getJSON("v1/loras")]);
     jobs.setModels(data.filter((m) => m.kind !== "chat"));
+    jobs.setLoras(loras.data);
     chat.setModel(data.find((m) => m.kind === "chat") ?? null);
   } catch (err) {
     api.showError($("job-error"), err);

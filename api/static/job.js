@@ -49,6 +49,18 @@ export function setModels(list) {
   describeModel();
 }
 
+// The adapters the server may apply; the form sends the chosen one (if any) at its scale.
+export function setLoras(list) {
+  const select = $("lora");
+  const chosen = select.value;
+  select.replaceChildren(new Option("none", ""));
+  for (const lora of list) {
+    const fits = lora.base_models.length ? ` (for ${lora.base_models.join(", ")})` : "";
+    select.add(new Option(`${lora.id}${fits}`, lora.id));
+  }
+  select.value = list.some((lora) => lora.id === chosen) ? chosen : "";
+}
+
 function describeModel() {
   const model = models.get($("model").value);
   $("size").placeholder = model ? model.size : "WxH";
@@ -75,6 +87,11 @@ async function submit() {
     const attention = { mode };
     if (mode === "topk" && form.elements.density.value) attention.density = Number(form.elements.density.value);
     body.set("attention", JSON.stringify(attention)); // multipart carries nested fields as JSON text
+  }
+  const lora = form.elements.lora.value;
+  if (lora) {
+    const scale = form.elements.lora_scale.value;
+    body.set("loras", JSON.stringify([{ name: lora, ...(scale ? { scale: Number(scale) } : {}) }]));
   }
   const image = form.elements.input_reference.files[0];
   if (image) body.set("input_reference", image);

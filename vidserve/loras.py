@@ -1,0 +1,140 @@
+"""LoRA adapters: which ones a server has, and what a request may ask of them.
+
+An adapter is registered at start — the adapters bundled in `vidserve/weights` (folders with
+an `adapter.json`), every adapter in `--lora-dir` folders, and `--lora NAME=PATH` — and a
+request names registered adapters only, never a path. A registered adapter is a
+`.safetensors` file (diffusers/PEFT, Kohya/musubi or lightx2v layout: diffusers' Wan LoRA
+loader converts them) or a folder holding one, with optional metadata in a sidecar JSON
+(`NAME.json` beside the file, `adapter.json` in a folder): the base models it fits, its
+rank, a description, a recommended preset. Pure data, no torch: the API validates with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vidserve.errors import InvalidRequest, VidserveError
+
+BUNDLED = Path(__file__).resolve().parent / "weights"
+SIDECAR = "adapter.json"
+
+
+class LoraRequest(BaseModel):
+    """One adapter a request asks for: which, how strongly, and on which expert of a
+    two-expert model (Wan2.2 A14B: "high" the high-noise one, "low" the low-noise one)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    scale: float = Field(1.0, ge=-2.0, le=2.0, description="The adapter's weight; 0 leaves it out.")
+    target: Literal["both", "high", "low"] = "both"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    path: Path  # the .safetensors file
+    base_models: tuple[str, ...] = ()  # the models it fits (empty: not stated, so any)
+    rank: int | None = None
+    description: str = ""
+    recommended_preset: str | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    def fits(self, model: str) -> bool:
+        return not self.base_models or model in self.base_models
+
+    def to_dict(self) -> dict:
+        return {"id": self.name, "object": "lora", "base_models": list(self.base_models), "rank": self.rank,
+                "size_bytes": self.size_bytes, "description": self.description,
+                "recommended_preset": self.recommended_preset}
+
+
+def _weights_file(path: Path) -> Path:
+    if path.is_file():
+        return path
+    files = sorted(path.glob("*.safetensors"))
+    if len(files) != 1:
+        raise VidserveError(f"LoRA folder {path} must hold exactly one .safetensors file, it holds {len(files)}")
+    return files[0]
+
+
+def read_adapter(name: str, path: Path) -> Adapter:
+    """The adapter at `path` (a file, or a folder with one), with its sidecar's metadata."""
+    path = Path(path)
+    if not path.exists():
+        raise VidserveError(f"LoRA {name!r}: no such file or folder {path}")
+    weights = _weights_file(path)
+    sidecar = path / SIDECAR if path.is_dir() else path.with_suffix(".json")
+    meta = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+    bases = meta.get("base_models") or ([meta["base_model"]] if meta.get("base_model") else [])
+    return Adapter(name=name, path=weights, base_models=tuple(bases), rank=meta.get("rank"),
+                   description=meta.get("description", ""), recommended_preset=meta.get("recommended_preset"))
+
+
+def _in_folder(folder: Path, bundled: bool) -> list[Adapter]:
+    """A folder's adapters: each `.safetensors` file (named by its stem) and each sub-folder
+    with one (named by the folder). In the bundled weights, only folders with a sidecar are
+    adapters; the others are models."""
+    found = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir() and ((entry / SIDECAR).is_file() or (not bundled and any(entry.glob("*.safetensors")))):
+            found.append(read_adapter(entry.name, entry))
+        elif not bundled and entry.suffix == ".safetensors":
+            found.append(read_adapter(entry.stem, entry))
+    return found
+
+
+class LoraRegistry:
+    """The adapters a server (or a CLI run) may use, by name."""
+
+    def __init__(self, adapters: list[Adapter], cache_size: int = 8):
+        self.cache_size = cache_size  # how many a pipeline keeps loaded
+        self.adapters: dict[str, Adapter] = {}
+        for adapter in adapters:  # a later registration of a name wins: --lora NAME=PATH over a folder's
+            self.adapters[adapter.name] = adapter
+
+    @classmethod
+    def from_settings(cls, lora_dirs: str, loras: str, cache_size: int = 8) -> "LoraRegistry":
+        """`lora_dirs`: folders separated by ',' or os.pathsep; `loras`: NAME=PATH pairs separated by ','."""
+        adapters = _in_folder(BUNDLED, bundled=True) if BUNDLED.is_dir() else []
+        for folder in filter(None, (p.strip() for p in lora_dirs.replace(os.pathsep, ",").split(","))):
+            if not Path(folder).is_dir():
+                raise VidserveError(f"--lora-dir {folder}: no such folder")
+            adapters += _in_folder(Path(folder), bundled=False)
+        for pair in filter(None, (p.strip() for p in loras.split(","))):
+            name, sep, path = pair.partition("=")
+            if not sep or not name or not path:
+                raise VidserveError(f"--lora takes NAME=PATH at start, got {pair!r}")
+            adapters.append(read_adapter(name, Path(path)))
+        return cls(adapters, cache_size)
+
+    def get(self, name: str) -> Adapter | None:
+        return self.adapters.get(name)
+
+    def check(self, loras: tuple[LoraRequest, ...], models: list[str], max_loras: int) -> None:
+        """A 400 naming `loras` unless every adapter asked for is registered, fits each model the
+        request runs on (a long video's continuation model too), and there are few enough."""
+        if len(loras) > max_loras:
+            raise InvalidRequest(f"loras: at most {max_loras} adapters per request, got {len(loras)}", param="loras")
+        names = [lora.name for lora in loras]
+        if len(set(names)) != len(names):
+            raise InvalidRequest("loras: an adapter may be named once per request", param="loras")
+        for lora in loras:
+            adapter = self.get(lora.name)
+            if adapter is None:
+                known = ", ".join(sorted(self.adapters)) or "none"
+                raise InvalidRequest(f"loras: unknown adapter {lora.name!r}; registered adapters: {known}",
+                                     param="loras", code="lora_not_found")
+            for model in models:
+                if not adapter.fits(model):
+                    raise InvalidRequest(f"loras: adapter {lora.name!r} is for {', '.join(adapter.base_models)}, "
+                                         f"not {model}", param="loras")
