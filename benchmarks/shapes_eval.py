@@ -28,8 +28,8 @@ FRAME_HELDOUT for frames). Sections:
   (shape, direction, background) triples no purple training clip shows), with the adapter
   and without it, and the usual held-out prompts with it loaded at scale 1 (does it leave the
   known colours alone?). "colour" on purple prompts is the share of clips read purple.
-  `--only lora --purple 30` takes ~4 min on 2 quiet CPU cores (110 clips). Without an
-  adapter folder (`--adapter none`) it measures only the base model on the purple prompts.
+  Without an adapter folder (`--adapter none`) it measures only the base model on the
+  purple prompts.
 
 t2v, i2v, vae and every chunk of a chain also report area_ratio: the main shape's mean area
 in the generated clips over that in the rendered held-out clips; above 1, the model paints
@@ -131,8 +131,8 @@ def run_t2v(settings: Settings, specs: list, first_seed: int = 0, **kwargs) -> d
 
 def use_adapter(folder: Path | None, scale: float = 1.0) -> None:
     """Load the LoRA in `folder` (once) onto the resident wan-shapes pipeline that generate() uses,
-    at `scale`; None turns every adapter off. Through diffusers alone: the one place to change
-    when vidserve serves adapters itself."""
+    at `scale`; None turns every adapter off. Straight through diffusers, so the eval needs no
+    registered adapter: any folder diffusers' Wan LoRA loader reads."""
     pipe = get_pipeline(resolve(MODEL), "cpu", "float32").text_pipe  # the image pipeline shares its transformer
     if folder is None:
         if pipe.get_list_adapters():

@@ -5,6 +5,7 @@ back what the generator drew, also through the noise and blur a generative model
 since benchmarks/shapes_eval.py trusts it to grade model outputs.
 """
 
+import hashlib
 import itertools
 from dataclasses import replace
 
@@ -44,6 +45,14 @@ def accuracy(specs, clips):
 def mixed():
     """100 train + 100 held-out clips, all backgrounds, about a third of them graded."""
     specs = sw.sample_specs(100, 1, gradient=0.3) + sw.sample_specs(100, 1, "heldout", gradient=0.3)
+    return specs, [sw.render(s) for s in specs]
+
+
+@pytest.fixture(scope="module")
+def purple():
+    """60 train + 60 held-out purple clips (a third graded, some with a second, base-coloured shape)."""
+    specs = (sw.sample_specs(60, 1, gradient=0.3, two_shapes=0.2, colours="purple")
+             + sw.sample_specs(60, 1, "heldout", gradient=0.3, colours="purple"))
     return specs, [sw.render(s) for s in specs]
 
 
@@ -109,6 +118,36 @@ def test_heldout_combinations_never_in_train_and_every_value_is():
     assert {sw.combo(s.objects[0], s) for s in heldout} == sw.HELDOUT
 
 
+def test_purple_leaves_every_existing_draw_as_it_was():
+    """Purple is drawn only when asked for: the base models' data and held-out sets are unchanged
+    (the digest is of these draws before purple existed), and the purple split is purple's own."""
+    parts = [repr(sw.sample_specs(60, seed, split, two_shapes=0.3, gradient=0.3, extra_motions=0.2))
+             for split in ("train", "heldout") for seed in (0, 1, 7)]
+    parts.append(repr(sorted(sw.HELDOUT)) + repr(sorted(sw.FRAME_HELDOUT)) + repr(sw.TRAIN_COMBOS))
+    assert hashlib.sha256("".join(parts).encode()).hexdigest() == \
+        "2dcbe5554ddf574de0eb701696d65d1139a8b9cc4324b28bdd6bf2b7ee249f15"
+    assert "purple" not in sw.COLOURS and "purple" not in {c[1] for c in sw.TRAIN_COMBOS}
+    assert all(o.colour == "purple" for s in sw.sample_specs(20, 0, colours="purple") for o in s.objects[:1])
+    with pytest.raises(ValueError):
+        sw.sample_specs(1, 0, colours="violet")
+
+
+def test_purple_heldout_triples_never_in_purple_train_and_every_pair_is():
+    held = {(s, m, b) for s, _, m, b in sw.PURPLE_HELDOUT}
+    assert len(held) == 9 and {c[1] for c in sw.PURPLE_HELDOUT} == {"purple"}
+    train = sw.sample_specs(600, 0, two_shapes=0.3, colours="purple")
+    seen = {(s.shape, s.motion, s.background) for s in train}
+    assert not seen & held and not any(sw.is_heldout(s) for s in train)
+    assert seen == {(s, m, b) for s, _, m, b in sw.PURPLE_TRAIN_COMBOS}  # all 27 training triples
+    for values, i in ((sw.SHAPES, 0), (sw.MOTIONS, 1), (tuple(sw.BACKGROUNDS), 2)):
+        assert {t[i] for t in held} == set(values) == {t[i] for t in seen}  # held out across every value
+    for h, (i, j) in itertools.product(held, itertools.combinations(range(3), 2)):
+        assert any(t[i] == h[i] and t[j] == h[j] for t in seen), (h, i, j)
+    heldout = sw.sample_specs(200, 0, "heldout", colours="purple")
+    assert all(sw.is_heldout(s) for s in heldout) and {sw.combo(s.objects[0], s) for s in heldout} == sw.PURPLE_HELDOUT
+    assert sw.parse_prompt(sw.caption(heldout[0]))["colour"] == "purple"
+
+
 def test_shapes_stay_fully_in_frame():
     specs = (sw.sample_specs(40, 3, two_shapes=0.4, gradient=0.5, extra_motions=0.4)
              + sw.sample_specs(20, 3, frames=17, width=128, height=96, two_shapes=0.4))
@@ -163,6 +202,27 @@ def test_scorer_reads_back_noisy_blurry_clips(mixed):
     rng = np.random.default_rng(0)
     acc = accuracy(specs, [degrade(c, rng) for c in clips])
     assert min(acc.values()) >= NOISY_BAR, acc
+
+
+def test_scorer_reads_back_purple_clips_clean_and_noisy(purple):
+    specs, clips = purple
+    assert min(accuracy(specs, clips).values()) >= CLEAN_BAR
+    rng = np.random.default_rng(0)
+    assert min(accuracy(specs, [degrade(c, rng) for c in clips]).values()) >= NOISY_BAR
+    # and a purple clip is never read as a base colour, nor a base one as purple
+    assert all([o["colour"] for o in detect(c)["objects"]].count("purple") == 1 for c in clips)
+    base = sw.sample_specs(40, 2, gradient=0.3)
+    assert all(o["colour"] != "purple" for spec in base for o in detect(sw.render(spec))["objects"])
+
+
+def test_wrong_colour_word_fails_only_the_colour(purple):
+    specs, clips = purple
+    for spec, clip in list(zip(specs, clips))[::12]:
+        for wrong in ("blue", "red"):  # purple's neighbours in hue
+            assert score(clip, sw.caption(spec).replace("purple", wrong, 1)) == \
+                {**dict.fromkeys(ATTRIBUTES, True), "colour": False, "all": False}
+    spec = sw.sample_specs(1, 3, colours="base")[0]
+    assert score(sw.render(spec), sw.caption(spec).replace(spec.colour, "purple", 1))["colour"] is False
 
 
 def test_scorer_on_two_shapes_still_and_bouncing():

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.shapes_world import BACKGROUNDS, COLOURS, parse_prompt
+from training.shapes_world import BACKGROUNDS, COLOURS, NEW_COLOURS, parse_prompt
 
-HUES = {"red": 0.0, "yellow": 52.0, "green": 120.0, "blue": 240.0}  # of shapes_world.COLOURS
+# Of shapes_world.COLOURS and NEW_COLOURS; a pixel takes the nearest. Purple, last, keeps the others'
+# indices; it takes hues 260-320, which the base colours are never rendered in.
+HUES = {"red": 0.0, "yellow": 52.0, "green": 120.0, "blue": 240.0, "purple": 280.0}
+RGB = {**COLOURS, **NEW_COLOURS}
 # Shape features of the centroid-aligned mask (see _shape), ideal vs measured on 5-10 px shapes
 # at 64x64 with up to sigma=30 noise and blur: one-sided share triangle 0.5, circle/square 0
 # (measured >= 0.24 vs <= 0.12); bounding-box fill circle pi/4, square 1 (measured <= 0.83 vs >= 0.88).
@@ -139,7 +142,7 @@ def detect(clip: np.ndarray) -> dict:
         name = list(HUES)[k]
         if votes[k] < max(MIN_AREA * len(clip), MIN_SHARE * votes.max()):
             continue
-        target = np.array(COLOURS[name], np.float32)[:, None, None, None] - plane
+        target = np.array(RGB[name], np.float32)[:, None, None, None] - plane
         cover = (diff * target).sum(0) / (target * target).sum(0)  # projection onto background -> colour
         mask = _clean((cover > COVER) & (label == k))
         if (mask.sum((1, 2)) >= MIN_AREA).sum() >= 2:

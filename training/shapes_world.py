@@ -29,7 +29,13 @@ BACKGROUNDS = {"black": 0, "white": 255, "gray": 128}
 # Colours only vlm-shapes' training frames wear (see repaint); no video data or prompt uses them.
 # Hues 60 degrees or more from every named one, so that no frame's colour is ambiguous.
 PAINT_COLOURS = {"cyan": (0, 255, 255), "magenta": (255, 0, 255)}
-ALL_COLOURS = {**COLOURS, **PAINT_COLOURS}
+# Colours the base models never saw, for adapters that would teach them (benchmarks/shapes_eval.py
+# --only lora measures one; training/vae_colours.py shows why the frozen VAE stands in the way):
+# kept out of COLOURS so that every draw of the base models' data, and of their held-out sets,
+# stays what it was; sample_specs draws them only when asked (colours="purple"). Purple is a clear
+# violet, hue 280: 40 degrees from blue, 80 from red (20 from the VLM-only magenta, which no video uses).
+NEW_COLOURS = {"purple": (170, 0, 255)}
+ALL_COLOURS = {**COLOURS, **PAINT_COLOURS, **NEW_COLOURS}
 MOTIONS = ("left", "right", "up", "down")  # the core motions; HELDOUT is defined over these
 EXTRA_MOTIONS = ("still", "bouncing")
 GRADIENTS = ("vertical", "horizontal")
@@ -226,10 +232,17 @@ HELDOUT = _choose_heldout((SHAPES, tuple(COLOURS), MOTIONS, tuple(BACKGROUNDS)))
 # For still frames (the VLM): (shape, colour, background) triples never shown in its training.
 FRAME_HELDOUT = _choose_heldout((SHAPES, tuple(COLOURS), tuple(BACKGROUNDS)))
 TRAIN_COMBOS = tuple(c for c in itertools.product(SHAPES, COLOURS, MOTIONS, BACKGROUNDS) if c not in HELDOUT)
+# Purple's own split, over (shape, motion, background): a quarter of the 36 triples never appear in
+# an adapter's training (every value and pair of them does), so its evaluation, too, is of new
+# combinations. As 4-tuples with the colour, like HELDOUT's.
+PURPLE_HELDOUT = frozenset((s, "purple", m, b)
+                           for s, m, b in _choose_heldout((SHAPES, MOTIONS, tuple(BACKGROUNDS)), 0.25))
+PURPLE_TRAIN_COMBOS = tuple(c for c in itertools.product(SHAPES, ("purple",), MOTIONS, BACKGROUNDS)
+                            if c not in PURPLE_HELDOUT)
 
 
 def is_heldout(spec: ClipSpec) -> bool:
-    return any(combo(o, spec) in HELDOUT for o in spec.objects)
+    return any(combo(o, spec) in HELDOUT or combo(o, spec) in PURPLE_HELDOUT for o in spec.objects)
 
 
 def is_frame_heldout(spec: ClipSpec) -> bool:
@@ -250,13 +263,22 @@ def _place(rng, shape, colour, motion, size, frames, width, height) -> Shape:
 
 
 def sample_specs(n: int, seed: int, split: str = "train", *, frames: int = 33, width: int = 64, height: int = 64,
-                 two_shapes: float = 0.0, gradient: float = 0.0, extra_motions: float = 0.0) -> list[ClipSpec]:
+                 two_shapes: float = 0.0, gradient: float = 0.0, extra_motions: float = 0.0,
+                 colours: str = "base") -> list[ClipSpec]:
     """n specs, reproducible from (seed, split). The float options are probabilities per clip:
-    a second shape, a gradient background, and (train only) "still"/"bouncing" instead of a direction."""
+    a second shape, a gradient background, and (train only) "still"/"bouncing" instead of a direction.
+    colours="purple" draws the main shape in purple, from PURPLE_TRAIN_COMBOS or PURPLE_HELDOUT
+    (a second shape, if any, is still a base train combination), from a random stream of its own:
+    the default "base" draws exactly what it always did."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
-    rng = np.random.default_rng([seed, int(split == "heldout")])
-    pool, scale, specs = (TRAIN_COMBOS if split == "train" else sorted(HELDOUT)), min(width, height) / 64, []
+    if colours not in ("base", "purple"):
+        raise ValueError(f"colours must be 'base' or 'purple', not {colours!r}")
+    purple = colours == "purple"
+    rng = np.random.default_rng([seed, int(split == "heldout")] + [1] * purple)
+    pools = {("base", "train"): TRAIN_COMBOS, ("base", "heldout"): sorted(HELDOUT),
+             ("purple", "train"): PURPLE_TRAIN_COMBOS, ("purple", "heldout"): sorted(PURPLE_HELDOUT)}
+    pool, scale, specs = pools[colours, split], min(width, height) / 64, []
     while len(specs) < n:
         shape, colour, motion, bg = pool[rng.integers(len(pool))]
         if split == "train" and rng.random() < extra_motions:
