@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import shutil
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -90,11 +89,7 @@ def tab_to(page, selector: str, limit: int = 60) -> None:
 def wait_until(page, expression: str, timeout: float = WAIT_MS / 1000) -> None:
     """Poll a JavaScript expression until it is truthy. (Playwright's wait_for_function evaluates
     its predicate with eval, which the page's Content-Security-Policy rightly refuses.)"""
-    deadline = time.monotonic() + timeout
-    while not page.evaluate(expression):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for: {expression}")
-        page.wait_for_timeout(50)
+    eventually(lambda: page.evaluate(expression), timeout=timeout, what=expression)
 
 
 def focused_id(page) -> str:
@@ -110,15 +105,13 @@ SHOWN = """s => {  // a video's or image's own size, the size it is shown at, an
 
 def assert_pixel_scaled(page, selector: str, factor: int, crisp: bool = True) -> None:
     """A small clip or still is shown `factor` times its own size, in both directions, with crisp pixels."""
-    expected = None
-    deadline = time.monotonic() + WAIT_MS / 1000
-    while time.monotonic() < deadline:  # the size is set once the media's own size is known
+    def scaled():  # the size is set once the media's own size is known
         media = page.evaluate(SHOWN, selector)
         expected = [media["width"] * factor, media["height"] * factor]
-        if media["width"] and all(abs(a - b) < 1 for a, b in zip(media["shown"], expected)):
-            break
-        page.wait_for_timeout(50)
-    assert media["width"] and all(abs(a - b) < 1 for a, b in zip(media["shown"], expected)), (selector, media)
+        assert media["width"] and all(abs(a - b) < 1 for a, b in zip(media["shown"], expected)), (selector, media)
+        return media
+
+    media = eventually(scaled, timeout=WAIT_MS / 1000, what=f"{selector} shown {factor}x")
     if crisp:
         assert media["rendering"] == "pixelated", (selector, media)
 
@@ -292,13 +285,10 @@ def test_gallery_shows_loading_then_the_list_or_the_error(servers, page):
     page.route(is_list, lambda route: held.append(route))
     page.goto(server.url)
     rows = "#gallery-rows"
-    while not held:
-        page.wait_for_timeout(50)
+    eventually(lambda: page.wait_for_timeout(10) or held, what="the gallery's list request")  # waiting lets routes run
     assert page.text_content(rows) == "Loading videos…"
     assert page.get_attribute(rows, "aria-busy") == "true"
     assert page.is_hidden("#gallery-error")
-    page.wait_for_timeout(300)  # still loading for as long as the answer takes
-    assert page.text_content(rows) == "Loading videos…"
 
     for route in held:
         route.continue_()

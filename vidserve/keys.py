@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from vidserve.errors import VidserveError
+from vidserve.errors import VidserveError, from_validation_error
 
 
 def key_digest(key: str | bytes) -> str:
@@ -137,7 +137,5 @@ def _read_keys_file(path: Path) -> list[ApiKey]:
         try:
             keys.append(ApiKey.model_validate(entry))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            raise VidserveError(f"keys file {path}: keys[{index}].{field}: {first['msg']}") from None
+            raise VidserveError(f"keys file {path}: {from_validation_error(exc, f'keys[{index}]')}") from None
     return keys
