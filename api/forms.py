@@ -1,5 +1,5 @@
 """Reading request bodies the way OpenAI's SDK sends them: JSON, or multipart/form-data
-with files, JSON-valued fields and bracketed keys (`video[id]`), under a size limit (the
+with files, JSON-valued fields and bracketed keys (`video[id]`, `loras[][name]`), under a size limit (the
 whole body's is `body_limit.BodyLimit`'s) and a nesting limit."""
 
 from __future__ import annotations
@@ -48,17 +48,47 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
             if value.size is not None and value.size > limit:
                 raise APIError(413, f"{key} is larger than the {limit} byte limit", param=key, code="file_too_large")
             files[key] = await value.read()
-        elif "[" in key and key.endswith("]"):  # video[id]=... is how the SDK sends {"video": {"id": ...}}
-            outer, inner = key[:-1].split("[", 1)
-            nested = fields.setdefault(outer, {})
-            if not isinstance(nested, dict):
-                raise APIError(400, f"{outer} is given both as a value and as {key}", param=outer)
-            nested[inner] = value
+        elif "[" in key:
+            _assign_bracketed(fields, key, value)
         elif key in JSON_FIELDS:
             fields[key] = _parse_field(key, value)
         else:
             fields[key] = value
     return fields, files
+
+
+_SEGMENT = re.compile(r"\[([^\[\]]*)\]")
+
+
+def _assign_bracketed(fields: dict[str, Any], key: str, value: str) -> None:
+    """Put a bracketed form field where its key says, as OpenAI's SDK writes nested values in a
+    form: {"video": {"id": V}} as video[id]=V, and [{"name": A}, {"name": B}] under loras as
+    loras[][name]=A, loras[][name]=B (a key already set in the last item starts the next)."""
+    name, _, rest = key.partition("[")
+    segments = _SEGMENT.findall("[" + rest)
+    if not name or "".join(f"[{segment}]" for segment in segments) != "[" + rest:
+        raise APIError(400, f"form field {key!r} is not name[key][...] or name[]", param=name or key)
+    if len(segments) > MAX_JSON_DEPTH:
+        raise _too_deep(name)
+    path, node = [name, *segments], fields
+    for here, next_segment in zip(path, path[1:]):
+        kind = list if next_segment == "" else dict
+        if here == "":  # node is a list: a new item, unless the last one still lacks this key
+            last = node[-1] if node else None
+            if not (isinstance(last, kind) and kind is dict and next_segment not in last):
+                node.append(kind())
+            node = node[-1]
+        else:
+            node = node.setdefault(here, kind())
+        if not isinstance(node, kind):
+            raise APIError(400, f"{name} is given in two shapes (as {key} and otherwise)", param=name)
+    leaf = path[-1]
+    if leaf == "":
+        node.append(value)
+    elif leaf in node:
+        raise APIError(400, f"form field {key!r} is given twice", param=name)
+    else:
+        node[leaf] = value
 
 
 def _parse_object(raw: bytes) -> dict[str, Any]:

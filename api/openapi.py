@@ -50,18 +50,20 @@ _MEANINGS = {
     "500": "A bug: an OpenAI-shaped error, with the traceback in the server log.",
     "503": "The job store, the storage or a model is unavailable: see Retry-After.",
 }
-# Every API route can answer these; each route adds its own below.
+# Every route caps its body, chunked or not; every API route can answer _COMMON too; each
+# route adds its own below.
+_EVERY = ("413",)
 _COMMON = ("400", "401", "429", "500", "503")
 _ROUTE_ERRORS = {
-    ("/v1/videos", "post"): ("413", "422"),
-    ("/v1/videos/extensions", "post"): ("404", "409", "410", "413"),
+    ("/v1/videos", "post"): ("422",),
+    ("/v1/videos/extensions", "post"): ("404", "409", "410"),
     ("/v1/videos/{video_id}", "get"): ("404",),
     ("/v1/videos/{video_id}", "delete"): ("404",),
     ("/v1/videos/{video_id}/cancel", "post"): ("404", "409"),
     ("/v1/videos/{video_id}/content", "get"): ("404", "409", "410", "416"),
-    ("/v1/videos/{video_id}/remix", "post"): ("404", "410", "413"),
+    ("/v1/videos/{video_id}/remix", "post"): ("404", "410"),
     ("/v1/videos/{video_id}/events", "get"): ("404",),
-    ("/v1/chat/completions", "post"): ("404", "413"),
+    ("/v1/chat/completions", "post"): ("404",),
     ("/readyz", "get"): ("503",),
 }
 
@@ -113,7 +115,7 @@ def build(app: FastAPI) -> dict[str, Any]:
             common = _COMMON if path.startswith("/v1/") else ()
             if common:
                 operation["security"] = [{"bearer": []}, {}]  # {}: a server without keys takes anyone
-            for status in common + _ROUTE_ERRORS.get((path, method), ()):
+            for status in _EVERY + common + _ROUTE_ERRORS.get((path, method), ()):
                 responses[status] = {"description": _MEANINGS[status], "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     return schema

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 
+from PIL import Image
+
 from vidserve.jobs import Job, JobStatus
 from vidserve.keys import Caller
 from vidserve.config import Settings
-from vidserve.media import load_image, probe_video, read_last_frame
+from vidserve.media import VideoInfo, load_image, probe_video, read_last_frame
 from vidserve.outbound import check_url
 from vidserve.params import JobParams
 from vidserve.registry import ModelSpec, resolve, resolve_local
@@ -58,7 +60,7 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
         steps, guidance, loras = source_job.params.steps, source_job.params.guidance, list(source_job.params.loras)
     else:
         source_bytes, model, steps, guidance, loras = upload, svc.settings.default_model, None, None, None
-    last, source_frames, fps = _decode_video(svc.settings, source_bytes)
+    info = _probe_video(svc.settings, source_bytes)
     spec = _model_spec(svc, body.model, model)
     options = _options(svc, body)
     # A referenced video's extension denoises like the video did, unless told otherwise.
@@ -66,16 +68,22 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     options["guidance"] = options["guidance"] if options["guidance"] is not None else guidance
     if options["loras"] is None and options["preset"] is None:
         options["loras"] = loras
-    width, height = last.size
-    request = build_request(spec, svc.settings, body.prompt, size=f"{width}x{height}", seconds=body.seconds,
-                            fps=round(fps), image=last, continuing=True, **options)
+    # Checked on a stand-in for the last frame, of the probed size: a video whose extension would
+    # be over the limits is refused before a frame of it is decoded.
+    stand_in = Image.new("RGB", (info.width, info.height))
+    request = build_request(spec, svc.settings, body.prompt, size=f"{info.width}x{info.height}", seconds=body.seconds,
+                            fps=round(info.fps), image=stand_in, continuing=True, **options)
     _check_request_quotas(svc, caller, request)
+    _check_extended_length(svc.settings, info.frames + request.num_frames, request.fps)
+    request.image, source_frames = _last_frame(source_bytes)
     total = source_frames + request.num_frames
     _check_extended_length(svc.settings, total, request.fps)
     params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=source_frames)
     job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url, metadata=body.metadata,
                extends_video_id=body.video.id if body.video else None)
-    job.source_video_key = svc.storage.put_bytes(f"{job.id}/source.mp4", source_bytes)
+    source_key = f"{job.id}/source.mp4"
+    job.source_video_key = (svc.storage.copy(source_job.outputs["video"], source_key) if body.video is not None
+                            else svc.storage.put_bytes(source_key, source_bytes))
     return _enqueue(svc, job)
 
 
@@ -165,9 +173,8 @@ def _model_spec(svc: Services, asked: str | None, default: str) -> ModelSpec:
     return resolve(asked, svc.settings.model_directories) if asked else resolve_local(default)
 
 
-def _decode_video(settings: Settings, data: bytes):
-    """(last frame, frame count, fps) of the video to extend. Probed first, so a video over the
-    limits is refused before any frame is decoded; then decoded one frame at a time."""
+def _probe_video(settings: Settings, data: bytes) -> VideoInfo:
+    """Size, frames and rate of the video to extend, read without decoding it, within the limits."""
     info = probe_video(data)
     if info.frames == 0:
         raise APIError(400, "the uploaded video has no frames", param="video", code="invalid_video")
@@ -177,11 +184,17 @@ def _decode_video(settings: Settings, data: bytes):
     if info.frames > settings.max_frames:
         raise APIError(400, f"the video has {info.frames} frames; the limit is {settings.max_frames}",
                        param="video", code="invalid_video")
+    return info
+
+
+def _last_frame(data: bytes) -> tuple[Image.Image, int]:
+    """(last frame, frame count) of the video to extend, decoded one frame at a time."""
     try:
-        return read_last_frame(data)
+        last, frames, _ = read_last_frame(data)
     except Exception:
         raise APIError(400, "the uploaded video could not be decoded; send an MP4 (H.264)",
                        param="video", code="invalid_video") from None
+    return last, frames
 
 
 def _check_extended_length(settings: Settings, total: int, fps: int) -> None:

@@ -97,6 +97,13 @@ class AdapterCache:
         self._loaded[name] = str(adapter.path)
         return LoraEvent(name, cached=False, seconds=time.perf_counter() - start)
 
+    def unload_all(self) -> None:
+        """Take every adapter out, PEFT's layers included, leaving the base model as it loaded."""
+        for transformer in self.transformers:
+            if getattr(transformer, "peft_config", None):
+                transformer.unload_lora()
+        self._loaded.clear()
+
     def _unload(self, name: str) -> None:
         self._forget(name)
         self._loaded.pop(name, None)

@@ -93,7 +93,9 @@ class VideoPipeline:
         return cls(spec, prepare(_load_diffusers(spec, dtype), options, device), device)
 
     def save(self, folder: str) -> None:
-        """Write the model as an ordinary diffusers folder that `--model FOLDER` loads."""
+        """Write the model as an ordinary diffusers folder that `--model FOLDER` loads: the base
+        model, so adapters loaded for requests are unloaded first (they load again when used)."""
+        self.adapters.unload_all()
         (self.text_pipe or self.image_pipe).save_pretrained(folder, safe_serialization=True)
         (Path(folder) / SERVING_FILE).write_text(json.dumps({"base": self.spec.name}, indent=2) + "\n")
 

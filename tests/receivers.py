@@ -7,11 +7,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    """Answers POSTs with scripted statuses, then `default`; given `hold_until`, it holds each
-    request open until that event is set. It records each request (headers, body) as it
+    """Answers POSTs with scripted statuses, then `default`, with `headers` on every answer; given
+    `hold_until`, it holds each request open until that event is set. It records each request (headers, body) as it
     arrives, counts the requests it has answered, and the most it held open at once."""
 
-    def __init__(self, statuses=(), default=200, hold_until: threading.Event | None = None):
+    def __init__(self, statuses=(), default=200, hold_until: threading.Event | None = None,
+                 headers: dict[str, str] | None = None):
         self.statuses = list(statuses)
         self.requests: list[tuple[dict, bytes]] = []
         self.answered = 0
@@ -34,6 +35,8 @@ class Receiver:
                     receiver._open -= 1
                     receiver.answered += 1
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("content-length", "0")
                 self.end_headers()
 

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from polling import eventually
 from stores import TEST_BUCKET
+from queues import IdleQueue
 
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
@@ -32,14 +33,6 @@ BODY = {"model": "wan-tiny", "prompt": "a red fox", "seconds": "1", "size": "64x
 HOUR = 3600
 
 
-class RecordingQueue:
-    alive = True
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def submit(self, job) -> None: ...
-
-
 def open_store(kind: str, request, tmp_path, prefix: str | None = None):
     if kind == "sqlite":
         return SQLiteJobStore(tmp_path / "jobs.sqlite")
@@ -55,7 +48,7 @@ def open_files(kind: str, request, tmp_path):
 
 def make_client(store, storage, tmp_path, **settings) -> tuple[TestClient, Services]:
     config = Settings(data_dir=tmp_path / "data", chat_model="", **settings)
-    services = Services(config, store, storage, RecordingQueue(), Metrics(), WebhookSender(generate_secret()))
+    services = Services(config, store, storage, IdleQueue(), Metrics(), WebhookSender(generate_secret()))
     return TestClient(create_app(config, services)), services
 
 
@@ -126,15 +119,21 @@ def test_a_ttl_of_zero_keeps_files_until_deleted(kind, request, tmp_path):
         assert client.get(f"/v1/videos/{video_id}/content").status_code == 200
 
 
-def test_the_sweeper_thread_runs_every_interval(request, tmp_path):
-    client, services = make_client(open_store("sqlite", request, tmp_path), LocalStorage(tmp_path / "files"), tmp_path,
-                                   expiry_sweep_seconds=0.1)
+@pytest.mark.parametrize(("kind", "files"), [("sqlite", "local"), ("redis", "s3")])
+def test_the_sweeper_thread_expires_a_video_seconds_after_it_completes(kind, files, request, tmp_path):
+    storage = open_files(files, request, tmp_path)
+    client, services = make_client(open_store(kind, request, tmp_path), storage, tmp_path, expiry_sweep_seconds=0.1)
     with client:
-        video_id = completed_video(client, services, tmp_path, output_ttl=0.5)
+        video_id = completed_video(client, services, tmp_path, output_ttl=3)
+        assert storage.exists(f"{video_id}/video.mp4")
         eventually(lambda: services.store.get(video_id).expired, timeout=30, what="the sweeper to expire the video")
-        assert not (tmp_path / "files" / video_id).exists()
+        assert not storage.exists(f"{video_id}/video.mp4") and not storage.exists(f"{video_id}/thumbnail.webp")
+        if files == "local":
+            assert not (tmp_path / "files" / video_id).exists()
         assert services.store.get(video_id).outputs == {}
         assert_expired(client.get(f"/v1/videos/{video_id}/content"))
+        video = client.get(f"/v1/videos/{video_id}").json()
+        assert video["status"] == "completed" and video["expires_at"] is not None
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])

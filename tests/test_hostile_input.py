@@ -20,7 +20,9 @@ from fastapi.testclient import TestClient
 from imageio_ffmpeg import get_ffmpeg_exe
 from polling import eventually
 from servers import Server, free_port
+from queues import IdleQueue
 
+from vidserve.api import submission
 from vidserve.api.app import create_app
 from vidserve.api.content import _byte_range
 from vidserve.api.services import Services
@@ -39,25 +41,10 @@ SMALL_UPLOADS = 1 << 20  # max_upload_bytes where a test sends bodies past the c
 VIDEO = {"prompt": "a fox", "size": "64x64", "num_frames": 5, "num_inference_steps": 1}
 
 
-class RecordingQueue:
-    """Takes jobs and runs none: these tests are about what gets in, not the frames."""
-
-    alive = True
-
-    def __init__(self):
-        self.submitted = []
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-
-    def submit(self, job) -> None:
-        self.submitted.append(job.id)
-
-
 def services_for(tmp_path: Path, store=None, **settings) -> Services:
     settings = Settings(data_dir=tmp_path / "data", chat_model="", **settings)
     store = store or SQLiteJobStore(tmp_path / "jobs.sqlite")
-    return Services(settings, store, LocalStorage(tmp_path / "files"), RecordingQueue(), Metrics(),
+    return Services(settings, store, LocalStorage(tmp_path / "files"), IdleQueue(), Metrics(),
                     WebhookSender(generate_secret()))
 
 
@@ -133,6 +120,15 @@ def test_deep_metadata_in_a_multipart_body_is_a_400_naming_it(client, depth):
     response = client.post("/v1/videos/extensions", data={"prompt": "x", "seconds": "1", "attention": nested(depth)},
                            files={"video": ("v.mp4", b"not a video", "video/mp4")})
     assert_openai_error(response, 400, param="attention", code="json_too_deep")
+    assert_healthy(client)
+
+
+@pytest.mark.parametrize(("key", "code"), [("metadata" + "[a]" * 40, "json_too_deep"),
+                                           ("loras[][name", None), ("[]", None), ("prompt[x]", None)])
+def test_odd_bracketed_form_keys_are_a_400(client, key, code):
+    response = client.post("/v1/videos", data={**{k: str(v) for k, v in VIDEO.items()}, key: "x"},
+                           files={"input_reference": ("a.png", b"\x89PNG", "image/png")})
+    assert_openai_error(response, 400, code=code)
     assert_healthy(client)
 
 
@@ -288,9 +284,9 @@ def test_a_body_within_the_cap_still_reads(client):
 # --- 7. an upload to extend, probed before it is decoded ----------------------------------
 
 def test_the_probe_reads_size_and_frames_without_decoding(tmp_path):
-    assert probe_video(mp4_bytes(tmp_path, 480, "640x480")) == VideoInfo(width=640, height=480, frames=480)
+    assert probe_video(mp4_bytes(tmp_path, 480, "640x480")) == VideoInfo(width=640, height=480, frames=480, fps=24)
     small = encode_mp4(np.full((9, 64, 96, 3), 90, np.uint8), tmp_path / "small.mp4", fps=12).read_bytes()
-    assert probe_video(small) == VideoInfo(width=96, height=64, frames=9)
+    assert probe_video(small) == VideoInfo(width=96, height=64, frames=9, fps=12)
 
 
 @pytest.mark.parametrize("case", ["no video", "text", "playlist", "too many frames", "too large a side"])
@@ -318,12 +314,16 @@ def test_an_upload_within_the_limits_is_extended(tmp_path):
         assert response.json()["size"] == "96x64"
 
 
-def test_an_extension_past_max_frames_is_a_400(tmp_path):
-    source = mp4_bytes(tmp_path, 29, "64x64", fps=16)
-    with client_for(tmp_path, max_frames=33) as client:
+@pytest.mark.parametrize("limit", [{"max_frames": 33}, {"max_seconds": 2.5}])
+def test_an_extension_past_the_limits_is_a_400_before_decoding(tmp_path, monkeypatch, limit):
+    decoded = []
+    monkeypatch.setattr(submission, "read_last_frame", decoded.append)
+    source = mp4_bytes(tmp_path, 29, "64x64", fps=16)  # one second more: 29 + 16 frames, 2.75 s
+    with client_for(tmp_path, **limit) as client:
         response = client.post("/v1/videos/extensions", data={"prompt": "more", "seconds": "1"},
                                files={"video": ("v.mp4", source, "video/mp4")})
         assert_openai_error(response, 400, param="seconds")
+    assert decoded == []
 
 
 # --- 8. model names are registry entries or folders in model_dirs ------------------------
@@ -477,8 +477,8 @@ def test_a_real_server_stops_reading_a_chunked_body_at_the_cap(server, path):
 
 
 def test_a_real_server_refuses_a_small_file_of_many_large_frames_in_little_memory(server, tmp_path):
-    """10 KB of MP4 holding 480 frames of 640x480: decoded whole, 440 MB. The probe and a
-    last-frame decode keep it in a few MB, and the extended video is past max_frames."""
+    """10 KB of MP4 holding 480 frames of 640x480: decoded whole, 440 MB. The probe finds the
+    extended video past the limits before a frame is decoded."""
     upload = mp4_bytes(tmp_path, 480, "640x480")
     assert len(upload) < 32 * 1024
 

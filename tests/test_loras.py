@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from openai import BadRequestError, OpenAI
 from lora_files import TINY, as_musubi, as_original, random_lora
+from queues import IdleQueue
 
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
@@ -21,7 +23,7 @@ from vidserve.loras import LoraRegistry, read_adapter
 from vidserve.params import JobParams
 from vidserve.pipelines.loras import loaded_names
 from vidserve.pipelines.video import VideoPipeline
-from vidserve.registry import MODELS
+from vidserve.registry import MODELS, spec_from_folder
 from vidserve.requests import build_request
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
@@ -94,6 +96,17 @@ def test_the_cache_keeps_the_most_recently_used_adapters(adapters):
     assert pipeline.adapters.loaded == ["other"]  # "style" was dropped to make room
 
 
+def test_a_pipeline_that_ran_adapters_saves_the_base_model(adapters, tmp_path):
+    registry, _ = adapters
+    worker = fresh_pipeline()
+    with_style = frames(worker, registry, [{"name": "style"}])
+    worker.save(str(tmp_path / "saved"))
+    saved = VideoPipeline.load(spec_from_folder(tmp_path / "saved"), torch.device("cpu"), torch.float32)
+    assert np.array_equal(frames(saved, registry), frames(fresh_pipeline(), registry))
+    assert worker.adapters.loaded == []
+    assert np.array_equal(frames(worker, registry, [{"name": "style"}]), with_style)  # it loads again
+
+
 def test_a_corrupt_adapter_fails_its_job_alone(adapters, tmp_path):
     registry, root = adapters
     corrupt = tmp_path / "broken.safetensors"
@@ -114,14 +127,6 @@ def test_a_corrupt_adapter_fails_its_job_alone(adapters, tmp_path):
                                                                                    "adapter": "style"})
     assert text == 1
     store.close()
-
-
-class IdleQueue:
-    alive = True
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def submit(self, job) -> None: ...
 
 
 @pytest.fixture
@@ -149,6 +154,18 @@ def test_the_api_lists_adapters_and_records_a_requests(api):
     assert video["loras"] == [{"name": "style", "scale": 0.8, "target": "both"}]
     form = client.post("/v1/videos", data={**BODY, "loras": '[{"name": "other"}]'}).json()
     assert form["loras"] == [{"name": "other", "scale": 1.0, "target": "both"}]
+
+
+def test_the_openai_sdk_sends_adapters_in_extra_body(api):
+    client, services = api
+    sdk = OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client)
+    video = sdk.videos.create(prompt="a fox", model="wan-tiny", seconds="1", size="64x64",
+                              extra_body={"loras": [{"name": "style", "scale": 0.5}]})
+    assert video.model_extra["loras"] == [{"name": "style", "scale": 0.5, "target": "both"}]
+    assert services.store.get(video.id).params.loras[0].name == "style"
+    with pytest.raises(BadRequestError) as refused:
+        sdk.videos.create(prompt="a fox", model="wan-tiny", extra_body={"loras": [{"name": "nope"}]})
+    assert refused.value.param.startswith("loras") and "unknown adapter" in refused.value.message, refused.value.body
 
 
 @pytest.mark.parametrize("loras, says", [

@@ -13,6 +13,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
+from queues import IdleQueue
 
 from vidserve.api.app import create_app
 from vidserve.api.services import Services, build_chat_engine
@@ -24,16 +25,6 @@ from vidserve.webhooks import WebhookSender, generate_secret
 
 EXAMPLES = 60
 KEY = "fuzz-key-0123456789"
-
-
-class IdleQueue:
-    """Jobs are accepted and never run: the fuzzing is about the API, not the frames."""
-
-    alive = True
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def submit(self, job) -> None: ...
 
 
 def _app(tmp_path_factory):

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from stores import TEST_BUCKET
 from pydantic import ValidationError
+from queues import IdleQueue
 
 from vidserve import cli
 from vidserve.api.app import create_app
@@ -147,6 +148,10 @@ def test_a_big_file_uploads_in_parts_and_copies_server_side(s3_url, prefix, tmp_
     src.write_bytes(data)
     storage.put_file("video_a/video.mp4", src)
     assert calls.count("UploadPart") == 3 and "PutObject" not in calls and not src.exists()
+    calls.clear()
+    storage.put_bytes("video_c/source.mp4", data)  # an upload the API holds: in parts too
+    assert calls.count("UploadPart") == 3 and "PutObject" not in calls
+    assert storage.read_bytes("video_c/source.mp4") == data
     with storage.open("video_a/video.mp4") as file:
         file.seek(5 * MiB - 10)  # across the first part's end
         assert file.read(20) == data[5 * MiB - 10:5 * MiB + 10]
@@ -182,14 +187,6 @@ def test_the_storage_flag_sets_the_storage(command):
         cli._settings(cli.build_parser().parse_args([*command, "--storage", "videos"]))
 
 
-class RecordingQueue:
-    alive = True
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def submit(self, job) -> None: ...
-
-
 def png_bytes() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (64, 64), (10, 200, 30)).save(buffer, format="PNG")
@@ -200,7 +197,7 @@ def test_the_api_keeps_a_jobs_files_in_the_bucket(s3_url, prefix, tmp_path):
     settings = Settings(data_dir=tmp_path / "data", chat_model="", storage=f"s3://{BUCKET}/{prefix}",
                         s3_endpoint_url=s3_url)
     storage = open_storage(settings)
-    services = Services(settings, SQLiteJobStore(tmp_path / "jobs.sqlite"), storage, RecordingQueue(), Metrics(),
+    services = Services(settings, SQLiteJobStore(tmp_path / "jobs.sqlite"), storage, IdleQueue(), Metrics(),
                         WebhookSender(generate_secret()))
     with TestClient(create_app(settings, services)) as client:
         created = client.post("/v1/videos", data={"model": "wan-tiny-i2v", "prompt": "x", "size": "64x64",

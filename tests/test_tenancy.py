@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from servers import Server
+from queues import IdleQueue
 
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.config import Settings
+from vidserve.errors import VidserveError
 from vidserve.jobs import JobStatus, complete
 from vidserve.jobstore_redis import RedisJobStore
 from vidserve.jobstore_sqlite import SQLiteJobStore
@@ -41,21 +43,13 @@ def keys_file(tmp_path, **quotas) -> str:
     return str(path)
 
 
-class RecordingQueue:
-    alive = True
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def submit(self, job) -> None: ...
-
-
 def make_client(kind, request, tmp_path, **quotas):
     settings = Settings(data_dir=tmp_path / "data", chat_model="", keys_file=keys_file(tmp_path, **quotas))
     if kind == "sqlite":
         store = SQLiteJobStore(tmp_path / "jobs.sqlite")
     else:
         store = RedisJobStore(request.getfixturevalue("redis_url"), prefix=f"tenancy-{uuid.uuid4().hex}")
-    services = Services(settings, store, LocalStorage(tmp_path / "files"), RecordingQueue(), Metrics(),
+    services = Services(settings, store, LocalStorage(tmp_path / "files"), IdleQueue(), Metrics(),
                         WebhookSender(generate_secret()))
     services.metrics.watch(store)
     return TestClient(create_app(settings, services)), services
@@ -170,6 +164,14 @@ def test_keys_are_hashed_and_odd_bytes_never_raise(tmp_path):
     for odd in (b"k\xe9", b"", b"\x00" * 300, "ключ".encode()):
         assert ring.find(odd) is None
     assert all(KEYS[name] not in key.sha256 for key in ring.keys for name in KEYS)
+
+
+def test_a_bad_keys_file_is_one_line_naming_the_entry_and_field(tmp_path):
+    path = tmp_path / "keys.toml"
+    path.write_text(open(keys_file(tmp_path)).read().replace('role = "user"', 'role = "boss"', 1))
+    with pytest.raises(VidserveError, match=r"keys\[0\]\.role: ") as caught:
+        KeyRing.from_settings(frozenset(), str(path))
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
 
 
 def _get(url: str, key: str) -> int:

@@ -15,10 +15,17 @@ import uuid
 
 import pytest
 from polling import eventually
+from fastapi.testclient import TestClient
+from queues import IdleQueue
 from receivers import Receiver
 
+from vidserve.api.app import create_app
+from vidserve.api.services import Services
+from vidserve.config import Settings
 from vidserve.jobstore_redis import RedisJobStore
 from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.storage import LocalStorage
+from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret, sign, verify
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdefghijklmn").decode()
@@ -264,6 +271,31 @@ def test_an_undelivered_event_survives_a_restart(receiver, store):
     (headers_1, body_1), (headers_2, body_2) = r.requests
     assert headers_1["webhook-id"] == headers_2["webhook-id"] == pending.event_id and body_1 == body_2
     assert verify(SECRET, headers_2, body_2)
+
+
+def test_an_api_that_starts_sends_what_a_stopped_one_left_pending(receiver, tmp_path):
+    store = SQLiteJobStore(tmp_path / "jobs.sqlite")
+    r = receiver(statuses=[503])
+    stopped = loopback_sender(store=store, base_delay_s=60)
+    stopped.send(r.url, "video.completed", VIDEO)
+    eventually(lambda: r.answered, what="the first attempt")
+    stopped.close(timeout=0)
+    settings = Settings(data_dir=tmp_path / "data", chat_model="")
+    services = Services(settings, store, LocalStorage(tmp_path / "files"), IdleQueue(), Metrics(),
+                        loopback_sender(store=store))
+    with TestClient(create_app(settings, services)):
+        eventually(lambda: len(r.requests) == 2, what="the pending event, sent as the API starts")
+        eventually(lambda: store.pending_deliveries() == [], what="the delivery to leave the store")
+    assert r.requests[0] == r.requests[1]  # the same event: same id, timestamp, signature and body
+
+
+def test_a_redirect_is_not_followed(receiver):
+    elsewhere = receiver()
+    r = receiver(default=307, headers={"location": elsewhere.url})
+    sender = loopback_sender(base_delay_s=0.01)
+    sender.send(r.url, "video.completed", VIDEO)
+    sender.close(timeout=5)
+    assert r.requests and elsewhere.requests == [] and sender.delivered == 0
 
 
 def test_an_event_given_up_leaves_the_store(receiver, store):

@@ -355,7 +355,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     worker.add_argument("--model", required=True, help="the model this worker holds; it takes only its jobs")
     worker.add_argument("--redis-url", help=f"broker and job store (default: {s.redis_url})")
     _add_volatile_redis_flag(worker)
-    worker.add_argument("--data-dir", type=Path, help=f"shared outputs directory (default: {s.data_dir})")
+    worker.add_argument("--data-dir", type=Path, help="this worker's own directory (its webhook secret, unless "
+                                                      "VIDSERVE_WEBHOOK_SECRET is set); with --storage local, the "
+                                                      f"job files too, shared with the API (default: {s.data_dir})")
     worker.add_argument("--storage", help="job files, the API's: 'local' (the shared data dir) or "
                                           f"s3://BUCKET[/PREFIX] (default: {s.storage})")
     _add_placement_flags(worker, s)

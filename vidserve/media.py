@@ -105,6 +105,7 @@ class VideoInfo:
     width: int
     height: int
     frames: int
+    fps: float
 
 
 PROBE_TIMEOUT_SECONDS = 30
@@ -113,11 +114,12 @@ PROBE_TIMEOUT_SECONDS = 30
 _MP4_INPUT = ["-f", "mov"]
 _VIDEO_STREAM = re.compile(r"Stream #0:[0-9]+\S*: Video: (.*)")
 _STREAM_SIZE = re.compile(r", ([0-9]{1,6})x([0-9]{1,6})[ ,]")
+_STREAM_FPS = re.compile(r", ([0-9]{1,6}(?:\.[0-9]{1,6})?) fps[ ,]")
 _FRAME_COUNT = re.compile(r"frame=\s*([0-9]{1,12})")
 
 
 def probe_video(data: bytes) -> VideoInfo:
-    """Size and frame count of a video's first video stream, so an upload can be refused before
+    """Size, frame count and rate of a video's first video stream, so an upload can be refused before
     it is decoded (a few KB of MP4 can hold hundreds of large frames). ffmpeg copies the
     stream's packets to nowhere: it demuxes, never decodes. InvalidRequest if it is no video."""
     def invalid(reason: str) -> InvalidRequest:
@@ -137,10 +139,12 @@ def probe_video(data: bytes) -> VideoInfo:
     stream = _VIDEO_STREAM.search(report.split("Stream mapping:")[0])  # the input's streams, not the output's
     if run.returncode != 0 or stream is None:
         raise invalid("could not be read or has no video stream")
-    size, counts = _STREAM_SIZE.search(stream.group(1)), _FRAME_COUNT.findall(report)
-    if size is None or not counts:
-        raise invalid("has no readable frame size or frame count")
-    return VideoInfo(width=int(size.group(1)), height=int(size.group(2)), frames=int(counts[-1]))
+    size, fps, counts = _STREAM_SIZE.search(stream.group(1)), _STREAM_FPS.search(stream.group(1)), \
+        _FRAME_COUNT.findall(report)
+    if size is None or fps is None or float(fps.group(1)) <= 0 or not counts:
+        raise invalid("has no readable frame size, frame rate or frame count")
+    return VideoInfo(width=int(size.group(1)), height=int(size.group(2)), frames=int(counts[-1]),
+                     fps=float(fps.group(1)))
 
 
 def read_last_frame(data: bytes) -> tuple[Image.Image, int, float]:

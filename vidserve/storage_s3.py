@@ -127,8 +127,9 @@ class S3Storage(Storage):
         return key
 
     def put_bytes(self, key: str, data: bytes) -> str:
-        with _s3_errors(self.location):
-            self.client.put_object(Bucket=self.bucket, Key=self._object(key), Body=data, **self._type(key))
+        with _s3_errors(self.location):  # multipart past the transfer's threshold, as put_file
+            self.client.upload_fileobj(io.BytesIO(data), self.bucket, self._object(key),
+                                       ExtraArgs=self._type(key), Config=self.transfer)
         return key
 
     def _head(self, key: str) -> dict:

@@ -95,6 +95,10 @@ async def cancel_video(video_id: str, svc: Services = Depends(services), caller:
 async def delete_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     def delete() -> None:
         _get(svc, caller, video_id)
+        # Files first: if the storage is down this answers 503 and changes nothing, so the delete
+        # can be retried. Again after the record, for a file a running job put in between (a
+        # running job that finds its record gone removes its own files too).
+        svc.storage.delete_prefix(f"{video_id}/")
         try:
             svc.store.update(video_id, jobs.request_cancel)  # a running job stops at its next step
         except JobNotFound:
