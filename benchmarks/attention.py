@@ -42,7 +42,7 @@ from vidserve.kernels.selection import select_key_tiles
 from vidserve.kernels.synthetic import video_like_qkv
 from vidserve.kernels.tiles import tile_layout
 
-GRIDS = {4096: (4, 32, 32), 8192: (8, 32, 32), 16384: (16, 32, 32), 32760: (21, 30, 52)}
+GRIDS = {512: (2, 16, 16), 1024: (4, 16, 16), 2048: (8, 16, 16), 4096: (4, 32, 32), 8192: (8, 32, 32), 16384: (16, 32, 32), 32760: (21, 30, 52)}
 DEFAULT_LENGTHS = (4096, 8192, 16384)  # 32760 (Wan 480p, 5 s; partial edge tiles) on request
 QUICK_LENGTHS = (4096, 8192)
 HEADS, HEAD_DIM = 12, 128

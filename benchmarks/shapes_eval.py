@@ -73,14 +73,17 @@ ADAPTER_FOLDER = Path(__file__).resolve().parents[1] / "vidserve" / "weights" / 
 ATTRIBUTES = ("colour", "shape", "motion", "background")
 VARIANTS = {
     "dense": {},
-    "top-k 0.25": {"attention": {"mode": "topk", "density": 0.25}},
-    "top-k 0.125": {"attention": {"mode": "topk", "density": 0.125}},
+    # The top-k rows force sparsity (min_tokens 0): with default options this model's 320 tokens
+    # run dense, which the "top-k, default options" row shows.
+    "top-k, default options": {"attention": {"mode": "topk"}},
+    "top-k 0.25": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.25}},
+    "top-k 0.125": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.125}},
     # This model's 5x8x8 token grid is only 8 tiles of 4x4x4, and a query tile (4x8x4) always
     # keeps the 2 it covers, so 0.125 keeps what 0.25 does; 1x4x4 tiles make 20 key tiles.
-    "top-k 0.25, 1x4x4 tiles": {"attention": {"mode": "topk", "density": 0.25, "tile": (1, 4, 4)}},
-    "top-k 0.125, 1x4x4 tiles": {"attention": {"mode": "topk", "density": 0.125, "tile": (1, 4, 4)}},
+    "top-k 0.25, 1x4x4 tiles": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.25, "tile": (1, 4, 4)}},
+    "top-k 0.125, 1x4x4 tiles": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.125, "tile": (1, 4, 4)}},
     "dense + TaylorSeer cache": {"cache": {"kind": "taylorseer", "interval": 3, "warmup_steps": 3}},
-    "top-k 0.125 + TaylorSeer cache": {"attention": {"mode": "topk", "density": 0.125},
+    "top-k 0.125 + TaylorSeer cache": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.125},
                                        "cache": {"kind": "taylorseer", "interval": 3, "warmup_steps": 3}},
 }
 

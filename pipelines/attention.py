@@ -27,9 +27,12 @@ class SparseAttentionState:
     options: AttentionOptions
     grid: tuple[int, int, int] = (0, 0, 0)  # (F, H, W) tokens of the current forward pass
     step: int = 0  # denoising steps finished so far
+    ran_sparse: bool = False  # whether any layer of this generation ran top-k
 
     def dense_for(self, layer: int) -> bool:
-        return self.step < self.options.dense_steps or layer < self.options.dense_layers
+        f, h, w = self.grid
+        return (self.step < self.options.dense_steps or layer < self.options.dense_layers
+                or f * h * w < self.options.min_tokens)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -57,7 +60,7 @@ class TopKSelfAttnProcessor:
         if self.state.dense_for(self.layer):
             out = dense_attention(query, key, value)
         else:
-            o = self.state.options
+            o, self.state.ran_sparse = self.state.options, True
             out = sparse_attention(query, key, value, self.state.grid, density=o.density, tile=o.tile,
                                    neighbours=o.neighbours, sink=o.sink)
         out = out.transpose(1, 2).flatten(2, 3).type_as(query)
@@ -83,7 +86,7 @@ class SparseAttention:
 
     def configure(self, options: AttentionOptions) -> None:
         """Set this generation's options; called before each request."""
-        self.state.options, self.state.step = options, 0
+        self.state.options, self.state.step, self.state.ran_sparse = options, 0, False
         sparse = options.mode == "topk"
         if sparse == self._installed:
             return
@@ -94,3 +97,8 @@ class SparseAttention:
 
     def step_done(self, steps: int) -> None:
         self.state.step = steps
+
+    @property
+    def effective(self) -> str:
+        """What this generation's self-attention ran: "topk" if any layer of any step did."""
+        return "topk" if self.state.ran_sparse else "dense"

@@ -45,6 +45,7 @@ class VideoResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds, summed over chunks
     chunks: list[ChunkReport] = field(default_factory=list)
     loras: list[LoraEvent] = field(default_factory=list)  # each chunk's adapters, loaded or cached
+    attention: str = "dense"  # "topk" if any chunk's self-attention ran top-k
 
 
 class _ChunkGenerator:
@@ -58,6 +59,7 @@ class _ChunkGenerator:
         self.timings = {"load": load_seconds}
         self.prompts: dict[int, str] = {}
         self.lora_events: list[LoraEvent] = []
+        self.attention = "dense"
 
     def generate(self, condition: np.ndarray | None, num_frames: int, seed: int, chunk: int) -> np.ndarray:
         r = self.request
@@ -77,6 +79,8 @@ class _ChunkGenerator:
 
         result = pipeline.generate(request, on_step=on_step, adapters=self.adapters)
         self.lora_events += result.loras
+        if result.attention != "dense":
+            self.attention = result.attention
         for phase, seconds in result.timings.items():
             self.timings[phase] = self.timings.get(phase, 0.0) + seconds
         return result.frames
@@ -116,4 +120,4 @@ def generate_video(request: GenerationRequest, device: str = "auto", dtype: str 
     frames, _ = chain(generator, request.chunk_frames, request.drift_correction, request.seed,
                       condition=condition, anchor=anchor, continuing=request.continuing, on_chunk=chunk_done)
     return VideoResult(frames=frames, fps=request.fps, seed=request.seed, timings=generator.timings, chunks=reports,
-                       loras=generator.lora_events)
+                       loras=generator.lora_events, attention=generator.attention)

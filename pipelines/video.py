@@ -43,6 +43,7 @@ class GenerationResult:
     seed: int
     timings: dict[str, float] = field(default_factory=dict)  # seconds: load, denoise, decode
     loras: list[LoraEvent] = field(default_factory=list)  # the adapters it used, loaded now or cached
+    attention: str = "dense"  # the self-attention that ran: "topk", or "dense" (asked for, or too few tokens)
 
 
 def _load_diffusers(spec: ModelSpec, dtype: torch.dtype) -> DiffusionPipeline:
@@ -141,7 +142,7 @@ class VideoPipeline:
         frames = (np.clip(video, 0.0, 1.0) * 255.0).round().astype(np.uint8)
         timings = {"denoise": last_step[0] - start, "decode": end - last_step[0]}
         return GenerationResult(frames=frames, fps=request.fps, seed=request.seed, timings=timings,
-                                loras=lora_events)
+                                loras=lora_events, attention=self.attention.effective)
 
 
 @contextmanager

@@ -33,22 +33,36 @@ def t2v():
 
 def test_density_one_reproduces_the_dense_video(t2v):
     dense = frames(t2v, {"mode": "dense"})
-    assert np.array_equal(frames(t2v, {"mode": "topk", "density": 1.0}), dense)
+    assert np.array_equal(frames(t2v, {"mode": "topk", "min_tokens": 0, "density": 1.0}), dense)
 
 
 def test_topk_changes_the_video_a_little_and_dense_steps_undo_it(t2v):
     dense = frames(t2v, {"mode": "dense"})
-    sparse = frames(t2v, {"mode": "topk", "density": 0.125, "tile": [2, 2, 2]})
+    topk = {"mode": "topk", "min_tokens": 0, "density": 0.125, "tile": [2, 2, 2]}  # sparse at any size
+    sparse = frames(t2v, topk)
     assert not np.array_equal(sparse, dense)
     assert psnr(sparse, dense) > 30
-    all_dense_steps = frames(t2v, {"mode": "topk", "density": 0.125, "tile": [2, 2, 2], "dense_steps": 3})
+    all_dense_steps = frames(t2v, {**topk, "dense_steps": 3})
     assert np.array_equal(all_dense_steps, dense)
-    all_dense_layers = frames(t2v, {"mode": "topk", "density": 0.125, "tile": [2, 2, 2], "dense_layers": 2})
+    all_dense_layers = frames(t2v, {**topk, "dense_layers": 2})
     assert np.array_equal(all_dense_layers, dense)
 
 
+def test_too_few_tokens_run_dense_and_the_result_says_so(t2v):
+    def run(attention):  # 33 frames at 128x128: a 9x8x8 grid, 576 tokens
+        request = build_request(resolve("wan-tiny"), Settings(), "a red fox", size="128x128", num_frames=33,
+                                steps=3, seed=3, attention=attention)
+        return t2v.generate(request)
+
+    dense, auto = run({"mode": "dense"}), run({"mode": "topk", "density": 0.125, "tile": [2, 2, 2]})
+    assert (dense.attention, auto.attention) == ("dense", "dense")
+    assert np.array_equal(auto.frames, dense.frames)
+    forced = run({"mode": "topk", "density": 0.125, "tile": [2, 2, 2], "min_tokens": 576})
+    assert forced.attention == "topk" and not np.array_equal(forced.frames, dense.frames)
+
+
 def test_only_self_attention_is_made_sparse_and_dense_restores_diffusers(t2v):
-    frames(t2v, {"mode": "topk"}, num_frames=5, steps=1)
+    frames(t2v, {"mode": "topk", "min_tokens": 0}, num_frames=5, steps=1)
     blocks = t2v.text_pipe.transformer.blocks
     assert all(isinstance(b.attn1.processor, TopKSelfAttnProcessor) for b in blocks)
     assert all(isinstance(b.attn2.processor, WanAttnProcessor) for b in blocks)
@@ -60,7 +74,7 @@ def test_image_to_video_keeps_its_image_cross_attention():
     pipeline = get_pipeline(resolve("wan-tiny-i2v"), "cpu", "float32")
     image = __import__("PIL.Image").Image.new("RGB", (64, 64), (200, 40, 40))
     request = build_request(resolve("wan-tiny-i2v"), Settings(), "a fox", size="64x64", num_frames=9, steps=2,
-                            seed=1, image=image, attention={"mode": "topk", "density": 1.0})
+                            seed=1, image=image, attention={"mode": "topk", "min_tokens": 0, "density": 1.0})
     sparse = pipeline.generate(request).frames
     dense = pipeline.generate(build_request(resolve("wan-tiny-i2v"), Settings(), "a fox", size="64x64",
                                             num_frames=9, steps=2, seed=1, image=image)).frames
@@ -76,7 +90,7 @@ def test_both_experts_of_a_two_expert_model_get_sparse_attention():
                               boundary_ratio=0.5)
     pipeline = VideoPipeline(resolve("wan-tiny"), two_experts, torch.device("cpu"))
     assert isinstance(pipeline.attention, SparseAttention) and len(pipeline.attention.transformers) == 2
-    frames(pipeline, {"mode": "topk"}, size="64x64", num_frames=9, steps=2)
+    frames(pipeline, {"mode": "topk", "min_tokens": 0}, size="64x64", num_frames=9, steps=2)
     for transformer in (tiny.transformer, second):
         assert all(isinstance(b.attn1.processor, TopKSelfAttnProcessor) for b in transformer.blocks)
     assert pipeline.attention.state.grid == (3, 4, 4)  # (9-1)/4+1 latent frames, 64/8/2 tokens a side

@@ -12,6 +12,7 @@ from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
 from vidserve.jobs import Job, JobStatus, video_object
 from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.options import AttentionOptions
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
 from vidserve.storage import LocalStorage
@@ -25,9 +26,9 @@ def runner(tmp_path):
     store.close()
 
 
-def queued(runner: JobRunner) -> Job:
+def queued(runner: JobRunner, **fields) -> Job:
     params = JobParams(width=96, height=80, num_frames=9, fps=12, steps=2, guidance=1.0, seed=1,
-                       chunk_frames=(9,), seconds="0.66667")
+                       chunk_frames=(9,), seconds="0.66667", **fields)
     job, _ = runner.store.create(Job(model="wan-tiny", prompt="a fox", params=params))
     return job
 
@@ -112,6 +113,17 @@ def test_wan_tiny_noise_completes_without_warnings(runner):
     assert final.status is JobStatus.completed and video_object(final)["warnings"] == []
     assert runner.metrics.registry.get_sample_value("vidserve_output_warnings_total",
                                                     {"model": "wan-tiny", "code": "blank_output"}) is None
+
+
+@pytest.mark.parametrize(("attention", "effective"), [
+    ({"mode": "dense"}, "dense"),
+    ({"mode": "topk"}, "dense"),  # 3x5x6 tokens, under min_tokens
+    ({"mode": "topk", "min_tokens": 0, "tile": (1, 2, 2)}, "topk"),
+])
+def test_the_video_says_which_attention_ran(runner, attention, effective):
+    final = runner.run(queued(runner, attention=AttentionOptions(**attention)).id)
+    assert final.status is JobStatus.completed
+    assert video_object(final)["attention"] == {**AttentionOptions(**attention).model_dump(), "effective": effective}
 
 
 def test_a_one_chunk_video_is_stored_once_as_the_video(runner, tmp_path):

@@ -63,6 +63,7 @@ class Job(BaseModel):
     extends_video_id: str | None = None
     error: JobError | None = None
     warnings: list[OutputWarning] = Field(default_factory=list)  # a completed video that looks wrong (quality.py)
+    attention_effective: str | None = None  # the self-attention that ran, once completed: "topk" or "dense"
     extended_prompt: str | None = None  # the LLM's rewrite of `prompt` (prompt_extend), what was generated
     attempts: int = 0
     max_attempts: int = 2
@@ -151,14 +152,16 @@ def prompt_extended(worker_id: str, extended: str) -> Callable[[Job], None]:
 
 
 def complete(worker_id: str, outputs: dict[str, str], timings: dict[str, float],
-             warnings: Iterable[OutputWarning] = (), output_ttl: float = 0) -> Callable[[Job], None]:
-    """`output_ttl`: seconds the files are kept after completion (0: until the video is deleted)."""
+             warnings: Iterable[OutputWarning] = (), output_ttl: float = 0,
+             attention: str | None = None) -> Callable[[Job], None]:
+    """`output_ttl`: seconds the files are kept after completion (0: until the video is deleted);
+    `attention`: the self-attention that ran ("topk", or "dense" where too few tokens made it so)."""
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.status, job.progress, job.completed_at = JobStatus.completed, 100, time.time()
         job.expires_at = job.completed_at + output_ttl if output_ttl > 0 else None
         job.outputs, job.timings, job.lease_expires_at = dict(outputs), dict(timings), None
-        job.warnings = list(warnings)
+        job.warnings, job.attention_effective = list(warnings), attention
 
     return apply
 
@@ -322,7 +325,7 @@ def video_object(job: Job) -> dict[str, Any]:
         "num_inference_steps": p.steps,
         "guidance_scale": p.guidance,
         "seed": p.seed,
-        "attention": p.attention.model_dump(),
+        "attention": {**p.attention.model_dump(), "effective": job.attention_effective},
         "cache": p.cache.model_dump(),
         "loras": [lora.model_dump() for lora in p.loras],
         "preset": p.preset,

@@ -26,6 +26,11 @@ class AttentionOptions(BaseModel):
     sink: bool = Field(False, description="Always keep the first frame's tiles.")
     dense_steps: int = Field(0, ge=0, description="The first denoising steps run dense (layout forms early).")
     dense_layers: int = Field(0, ge=0, description="The first transformer blocks run dense.")
+    # Below ~1k tokens tiling and selection cost more than the attention they skip (2-core CPU:
+    # 0.43x at 512 tokens, 1.75x at 1024 in fp32; benchmarks/RESULTS.md), and a few tiles leave
+    # top-k no choice worth making.
+    min_tokens: int = Field(1024, ge=0, description="A forward pass over fewer video tokens runs dense: "
+                            "sparsity saves nothing there (0: always sparse).")
 
     @field_validator("tile")
     @classmethod

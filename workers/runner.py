@@ -116,7 +116,7 @@ class JobRunner:
             timings = {**result.timings, "encode": time.perf_counter() - start}
             warnings = output_warnings(frames)
             done = self._write(job.id, jobs.complete(self.worker_id, outputs, timings, warnings,
-                                                     output_ttl=self.settings.output_ttl))
+                                                     output_ttl=self.settings.output_ttl, attention=result.attention))
             self._report_warnings(done)
             return done
         except (JobCancelled, JobNotFound, LeaseLost) as exc:  # cancelled, deleted, or now another worker's
