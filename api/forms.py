@@ -1,6 +1,6 @@
 """Reading request bodies the way OpenAI's SDK sends them: JSON, or multipart/form-data
-with files, JSON-valued fields and bracketed keys (`video[id]`, `loras[][name]`), under a size limit (the
-whole body's is `body_limit.BodyLimit`'s) and a nesting limit."""
+with files, JSON-valued fields and bracketed keys (`video[id]`, `loras[][name]`), under a
+size limit (the whole body's is `body_limit.BodyLimit`'s) and a nesting limit."""
 
 from __future__ import annotations
 
