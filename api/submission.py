@@ -76,7 +76,7 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     _check_request_quotas(svc, caller, request)
     _check_extended_length(svc.settings, info.frames + request.num_frames, request.fps)
     request.image, source_frames = _last_frame(source_bytes)
-    total = source_frames + request.num_frames
+    total = source_frames + request.num_frames  # decoded frames, which the worker joins to: the probe counted packets
     _check_extended_length(svc.settings, total, request.fps)
     params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=source_frames)
     job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url, metadata=body.metadata,

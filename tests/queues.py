@@ -1,4 +1,5 @@
-"""A job queue that takes jobs and runs none, for tests about what gets in, not the frames."""
+"""A job queue that takes jobs and runs none, for tests about what gets in, not the frames;
+it records the ids it was given, in order."""
 
 from __future__ import annotations
 

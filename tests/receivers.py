@@ -7,9 +7,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    """Answers POSTs with scripted statuses, then `default`, with `headers` on every answer; given
-    `hold_until`, it holds each request open until that event is set. It records each request (headers, body) as it
-    arrives, counts the requests it has answered, and the most it held open at once."""
+    """Answers POSTs with scripted statuses, then `default`, with `headers` on every answer;
+    given `hold_until`, it holds each request open until that event is set. It records each
+    request (headers, body) as it arrives, counts the requests it has answered, and the most
+    it held open at once."""
 
     def __init__(self, statuses=(), default=200, hold_until: threading.Event | None = None,
                  headers: dict[str, str] | None = None):

@@ -14,6 +14,7 @@ import uuid
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from queues import IdleQueue
 
 from vidserve import cli
 from vidserve.api.app import create_app
@@ -76,20 +77,6 @@ def test_every_field_has_a_walk():
     assert request_fields <= set(JobParams.model_fields), "a GenerationRequest field the job record does not keep"
 
 
-class RecordingQueue:
-    """Takes jobs and runs none: the walk is about what reaches the worker, not the frames."""
-
-    def __init__(self):
-        self.submitted = []
-        self.alive = True
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-
-    def submit(self, job) -> None:
-        self.submitted.append(job.id)
-
-
 @pytest.fixture(params=["sqlite", "redis"])
 def api(request, tmp_path):
     # A chat endpoint is configured (never called here), so prompt_extend and caption_chain are accepted.
@@ -102,7 +89,7 @@ def api(request, tmp_path):
     else:
         store = RedisJobStore(request.getfixturevalue("redis_url"), prefix=f"walk-{uuid.uuid4().hex}")
     storage = LocalStorage(tmp_path / "files")
-    services = Services(settings, store, storage, RecordingQueue(), Metrics(), WebhookSender(generate_secret()))
+    services = Services(settings, store, storage, IdleQueue(), Metrics(), WebhookSender(generate_secret()))
     with TestClient(create_app(settings, services)) as client:
         yield client, services, JobRunner(settings, store, storage)
 

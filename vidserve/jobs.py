@@ -18,7 +18,7 @@ import secrets
 import time
 from abc import ABC, abstractmethod
 from enum import Enum
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Literal
 
 from pydantic import BaseModel, Field
 
@@ -63,7 +63,7 @@ class Job(BaseModel):
     extends_video_id: str | None = None
     error: JobError | None = None
     warnings: list[OutputWarning] = Field(default_factory=list)  # a completed video that looks wrong (quality.py)
-    attention_effective: str | None = None  # the self-attention that ran, once completed: "topk" or "dense"
+    attention_effective: Literal["topk", "dense"] | None = None  # the self-attention that ran, once completed
     extended_prompt: str | None = None  # the LLM's rewrite of `prompt` (prompt_extend), what was generated
     attempts: int = 0
     max_attempts: int = 2
