@@ -2,9 +2,9 @@
 
 For L in {4096, 8192, 16384} tokens (grids 4x32x32, 8x32x32, 16x32x32; on request 512-2048,
 where sparsity stops paying, and the Wan 480p grid 21x30x52, L=32760, whose edge tiles are
-partial), B=1, 12 heads, head_dim 128, fp32 and bf16: dense SDPA time, sparse time (tiling, selection, attention
-and the permutation back all included), speedup, and the sparse output's cosine
-similarity and relative L2 error vs dense. Inputs have video-like locality
+partial), B=1, 12 heads, head_dim 128, fp32 and bf16: dense SDPA time, sparse time (tiling,
+selection, attention and the permutation back all included), speedup, and the sparse
+output's cosine similarity and relative L2 error vs dense. Inputs have video-like locality
 (vidserve.kernels.synthetic). Dense and sparse are timed alternately in the same process;
 the table shows medians.
 
