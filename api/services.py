@@ -117,4 +117,4 @@ def build_chat_engine(settings: Settings, metrics: Metrics):
 
     model = ChatModel.load(resolve_chat(settings.chat_model), settings.device, settings.dtype)
     return LLMEngine(model, max_running=settings.chat_max_running, max_waiting=settings.chat_max_waiting,
-                     metrics=metrics.chat)
+                     prefill_tokens=settings.chat_prefill_tokens, metrics=metrics.chat)

@@ -20,6 +20,10 @@ request (i-C) ended (the first C at t=0), so TTFT_i = start_i - arrival_i + own 
 is the sum of the service times. A request's service time does not depend on the others, so the request
 sets of all concurrencies (prefixes of one list) are measured in one pass. Output tok/s = tokens / wall.
 
+Also measured, before the server starts: the decode ceiling, C x (a decode forward pass for 1 sequence) /
+(one for C sequences) over the same model and cache length, with no prefill, sampling or serving: what
+batching alone can give on this machine.
+
     python benchmarks/chat.py [--quick] [--json PATH]
 """
 
@@ -136,6 +140,32 @@ def measure_generate(folder: Path, prompts: list[str], tokens: int) -> list[dict
     return [run(text, seed) for seed, text in enumerate(prompts)]
 
 
+def decode_ceiling(folder: Path, concurrency: int, context: int = 120, steps: int = 20) -> dict:
+    """What batching alone can give: C x (one decode step for 1 sequence) / (one step for C sequences).
+
+    Plain forward passes over a KV cache of `context` tokens, no sampling or serving: no server
+    can beat sequential decoding by more than this at concurrency C on this machine, before any
+    prefill is counted (prefill costs every server the same compute per token)."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def step_seconds(batch: int) -> float:
+        cache = DynamicCache()
+        with torch.inference_mode():
+            model(input_ids=torch.randint(0, 256, (batch, context)), cache=cache, use_cache=True, logits_to_keep=1)
+            token = torch.randint(0, 256, (batch, 1))
+            model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)  # warm-up
+            start = time.perf_counter()
+            for _ in range(steps):
+                model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
+        return (time.perf_counter() - start) / steps
+
+    one, many = step_seconds(1), step_seconds(concurrency)
+    return {"concurrency": concurrency, "step_ms_1": round(one * 1000, 1), f"step_ms_{concurrency}": round(many * 1000, 1),
+            "speedup_ceiling": round(concurrency * one / many, 2)}
+
+
 def sequential(measured: list[dict], concurrency: int, tokens: int) -> dict:
     """Replay C closed-loop clients against a one-request-at-a-time FIFO server (see the docstring)."""
     finish, ttft = [], []
@@ -189,7 +219,7 @@ async def measure_vidserve(url: str, model: str, prompts: list[str], concurrency
 def summarize(mode: str, concurrency: int, generated: int, wall: float, ttft: list[float], itl: list[float]) -> dict:
     ordered = sorted(ttft)
     return {"mode": mode, "concurrency": concurrency, "requests": len(ttft), "output_tokens": generated,
-            "wall_s": round(wall, 2), "output_tokens_per_s": round(generated / wall, 1),
+            "wall_s": round(wall, 2), "output_tok_s": round(generated / wall, 1),
             "ttft_median_s": round(statistics.median(ttft), 3),
             "ttft_p90_s": round(ordered[-(-9 * len(ordered) // 10) - 1], 3),  # nearest rank
             "itl_median_ms": round(statistics.median(itl) * 1000, 1)}
@@ -198,6 +228,8 @@ def summarize(mode: str, concurrency: int, generated: int, wall: float, ttft: li
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 tokens, fewer requests: a smoke run")
+    parser.add_argument("--prefill-tokens", type=int, default=None,
+                        help="the server's VIDSERVE_CHAT_PREFILL_TOKENS (default: the server's default)")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "chat.json")
     args = parser.parse_args()
     work = QUICK if args.quick else FULL
@@ -217,12 +249,14 @@ def main() -> int:
         print(f"generate: {len(prompts)} requests one at a time ...", file=sys.stderr)
         measured = measure_generate(folder, prompts, tokens)
         lengths = [m["prompt_tokens"] for m in measured]
+        ceiling = decode_ceiling(folder, max(requests))
         load["generate_after"] = os.getloadavg()[0]
         baseline = {c: sequential(measured[:n], c, tokens) for c, n in requests.items()}
 
         print("starting vidserve ...", file=sys.stderr)
         (tmp / "server").mkdir()
-        url = start_server(stack, tmp / "server", {}, ["--chat-model", str(folder)])
+        env = {} if args.prefill_tokens is None else {"VIDSERVE_CHAT_PREFILL_TOKENS": str(args.prefill_tokens)}
+        url = start_server(stack, tmp / "server", env, ["--chat-model", str(folder)])
         # Warm-up, 4 at once: the first prefill and batched decode (30 bytes + 3 template tokens each).
         asyncio.run(measure_vidserve(url, str(folder), [c * 30 for c in "abcd"], 4, tokens, [33] * 4))
         load["vidserve_before"] = os.getloadavg()[0]
@@ -231,27 +265,30 @@ def main() -> int:
             results += [baseline[c], asyncio.run(measure_vidserve(url, str(folder), prompts[:n], c, tokens, lengths))]
         load["vidserve_after"] = os.getloadavg()[0]
 
-    rate = {(r["mode"], r["concurrency"]): r["output_tokens_per_s"] for r in results}
-    ratios = {str(c): round(rate["vidserve", c] / rate["generate", c], 2) for c in requests}
+    rate = {(r["mode"], r["concurrency"]): r["output_tok_s"] for r in results}
+    for r in results:
+        r["speedup_vs_generate"] = round(r["output_tok_s"] / rate["generate", r["concurrency"]], 2)
     workload = {"output_tokens": tokens, "requests": {str(c): n for c, n in requests.items()},
                 "prompt_tokens_min_max": [min(lengths), max(lengths)], "temperature": TEMPERATURE, "top_p": 1.0,
-                "server_flags": "--device cpu --dtype float32 --log-level warning (chat_max_running 16)"}
+                "server_flags": "--device cpu --dtype float32 --log-level warning (chat_max_running 16)",
+                "server_env": env}
     load = {k: round(v, 2) for k, v in load.items()}  # this benchmark alone adds ~2 (2 busy threads)
     machine = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                "python": platform.python_version(), "loadavg_1m": load}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"model": model_info, "workload": workload, "machine": machine,
-                                     "results": results, "ratios": ratios,
+                                     "rows": results, "decode_ceiling": ceiling,
                                      "generate_requests": [{k: round(v, 4) for k, v in m.items()} for m in measured]},
                                     indent=2) + "\n")
 
     print("\n| mode | concurrency | requests | output tok/s | TTFT median s | TTFT p90 s | ITL median ms | "
           "vs generate |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        ratio = ratios[str(r["concurrency"])] if r["mode"] == "vidserve" else 1.0
-        print(f"| {r['mode']} | {r['concurrency']} | {r['requests']} | {r['output_tokens_per_s']:.1f} | "
-              f"{r['ttft_median_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['itl_median_ms']:.1f} | {ratio:.2f}x |")
-    print(f"\n{tokens} output tokens per request; 1-min load {load}; JSON in {args.json}")
+        print(f"| {r['mode']} | {r['concurrency']} | {r['requests']} | {r['output_tok_s']:.1f} | "
+              f"{r['ttft_median_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['itl_median_ms']:.1f} | "
+              f"{r['speedup_vs_generate']:.2f}x |")
+    print(f"\nbatched decode alone, no prefill: {ceiling}")
+    print(f"{tokens} output tokens per request; 1-min load {load}; JSON in {args.json}")
     return 0
 
 

@@ -118,6 +118,80 @@ def test_sequences_join_and_leave_between_steps_without_changing_results(engine,
     assert results == solo
 
 
+def test_a_prompt_past_the_prefill_budget_is_cut_across_steps_while_the_batch_keeps_decoding(model, monkeypatch):
+    engine = LLMEngine(model, prefill_tokens=16)  # stepped by hand
+    passes = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda cache, mask, *a, **kw: passes.append(mask.shape) or forward(
+        cache, mask, *a, **kw))
+    running = engine.submit(text_prompt(model, "hi"), params(max_tokens=200, ignore_eos=True))
+    engine.step()
+    assert running.output_ids  # prefilled and decoding
+    long_prompt = text_prompt(model, "a long question " * 8)
+    assert len(long_prompt.token_ids) > 16 * 6
+    long = engine.submit(long_prompt, params(max_tokens=8, seed=3, ignore_eos=True))
+    passes.clear()
+    while not long.output_ids:
+        before = len(running.output_ids)
+        engine.step()
+        assert len(running.output_ids) == before + 1  # every step still decoded the running sequence
+    prefill_passes = [shape for shape in passes if len(shape) == 4]  # a packed pass has a 4D mask
+    assert len(prefill_passes) == -(-len(long_prompt.token_ids) // 16)
+    assert all(shape[2] <= 16 for shape in prefill_passes)
+    while not long.finished:
+        engine.step()
+
+    solo = LLMEngine(model)  # the whole prompt in one pass
+    alone = solo.submit(long_prompt, params(max_tokens=8, seed=3, ignore_eos=True))
+    while not alone.finished:
+        solo.step()
+    assert long.output_ids == alone.output_ids
+
+
+def test_prompts_arriving_together_are_packed_into_rows_and_answer_as_alone(model, monkeypatch):
+    engine = LLMEngine(model, prefill_tokens=12)  # stepped by hand; nothing decodes at first
+    passes = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda cache, mask, *a, **kw: passes.append(mask.shape) or forward(
+        cache, mask, *a, **kw))
+    # The first is cut by the first pass, and finishes in row 0 of the next, beside the others.
+    prompts = [text_prompt(model, "w" * n) for n in (17, 2, 30, 5, 9, 1, 40)]
+    seqs = [engine.submit(p, params(max_tokens=6, seed=i, ignore_eos=True)) for i, p in enumerate(prompts)]
+    while not all(s.finished for s in seqs):
+        engine.step()
+    packed = [shape for shape in passes if len(shape) == 4]  # [rows, 1, new tokens, cached + new tokens]
+    assert any(rows > 1 for rows, _, _, _ in packed)  # several rows in one pass
+    assert any(rows > 1 and keys > width for rows, _, width, keys in packed)  # a cut prompt went on beside others
+    assert all(width <= 12 for _, _, width, _ in packed)
+    monkeypatch.setattr(model, "forward", forward)
+    for i, prompt in enumerate(prompts):
+        solo = LLMEngine(model)
+        alone = solo.submit(prompt, params(max_tokens=6, seed=i, ignore_eos=True))
+        while not alone.finished:
+            solo.step()
+        assert seqs[i].output_ids == alone.output_ids, i
+
+
+def test_a_part_prefilled_sequence_can_be_aborted(model):
+    engine = LLMEngine(model, prefill_tokens=4)
+    running = engine.submit(text_prompt(model, "hi"), params(max_tokens=2000, ignore_eos=True))
+    engine.step()  # nothing was decoding: prefilled whole
+    outputs = []
+    seq = engine.submit(text_prompt(model, "several words of prompt"), params(), on_output=outputs.append)
+    engine.step()
+    assert not seq.output_ids and len(engine.prefill) == 1  # cut after 4 tokens
+    engine.abort(seq)
+    engine.abort(running)
+    engine.step()
+    assert outputs[-1].finish_reason == "abort" and engine.running == 0
+    engine.start()
+    try:
+        _, out = engine.generate(text_prompt(model), params(max_tokens=3, ignore_eos=True), timeout=10)
+        assert out.completion_tokens == 3
+    finally:
+        engine.stop()
+
+
 def test_seed_reproduces_and_different_seeds_differ(engine, model):
     p = text_prompt(model)
     a, _ = engine.generate(p, params(seed=11))

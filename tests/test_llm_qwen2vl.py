@@ -76,13 +76,15 @@ def test_image_prompt_matches_transformers_generate(model):
     assert seq.output_ids == expected
 
 
-def test_batched_sequences_each_match_their_solo_generate(model):
+@pytest.mark.parametrize("prefill_tokens", [256, 7])
+def test_batched_sequences_each_match_their_solo_generate(model, prefill_tokens):
     """Different lengths, image grids and rope deltas share prefill and decode steps; one
-    joins a running batch, one leaves it early."""
+    joins a running batch, one leaves it early. With a 7-token prefill budget, prompts are
+    cut mid-image and packed with the next prompt's start."""
     first = request("describe the picture, please", picture(56, 84, (200, 30, 30)))
     texts = request("a text-only question that is longer than the others")
     second = request("and this one?", picture(84, 84, (0, 90, 250)))
-    engine = LLMEngine(model)
+    engine = LLMEngine(model, prefill_tokens=prefill_tokens)
     a = run(engine, model.encode(*first), 12)
     engine.step()
     engine.step()  # `a` is running with 3 tokens when the others join it

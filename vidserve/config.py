@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     chat_remote_images: bool = Field(False, description="Fetch http(s) image URLs (public hosts only, unless "
                                      "allow_private_urls).")
     chat_url: str | None = Field(None, description="Chat endpoint distributed workers call for prompt extension "
+    chat_prefill_tokens: int = Field(256, gt=0, description="Prompt tokens per prefill row. While more sequences "
+                                     "decode than wait, a step prefills one row: how long a new prompt may delay "
+                                     "running answers.")
                                  "and captions, e.g. http://api-host:8000/v1; embedded mode calls in-process.")
 
     # Queue and crash safety.

@@ -1,7 +1,7 @@
 """The running batch: the KV cache of every running sequence, left-padded to one length.
 
 Continuous batching on an ordinary transformers model: sequences join between decode
-steps (their prefill cache is padded on the left and concatenated) and leave between
+steps (each prompt's cache is padded on the left and concatenated) and leave between
 steps (their rows are dropped, and columns that became all padding are trimmed). The
 attention mask hides the padding; each row's position ids count only its real tokens,
 so a sequence computes the same thing whatever it is batched with.
@@ -25,18 +25,20 @@ class RunningBatch:
     def __len__(self) -> int:
         return len(self.seqs)
 
-    def join(self, seqs: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
-        if not self.seqs:
-            self.seqs, self.cache, self.mask = list(seqs), cache, mask
+    def join(self, seqs: list[Sequence], caches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+        """Add sequences, each with its prompt's cache (per layer: keys, values [1, heads, tokens, d])."""
+        if not seqs:
             return
-        length = max(self.mask.shape[1], mask.shape[1])
-        layers = [
-            (torch.cat([_pad_left(a.keys, length), _pad_left(b.keys, length)]),
-             torch.cat([_pad_left(a.values, length), _pad_left(b.values, length)]))
-            for a, b in zip(self.cache.layers, cache.layers)
-        ]
-        self.cache = DynamicCache(ddp_cache_data=layers)
-        self.mask = torch.cat([_pad_left(self.mask, length), _pad_left(mask, length)])
+        parts = ([[(layer.keys, layer.values) for layer in self.cache.layers]] if self.seqs else []) + caches
+        masks = ([self.mask] if self.seqs else []) + [
+            torch.ones(1, kv[0][0].shape[2], dtype=torch.long, device=kv[0][0].device) for kv in caches]
+        length = max(m.shape[1] for m in masks)
+        self.cache = DynamicCache(ddp_cache_data=[
+            (torch.cat([_pad_left(part[i][0], length) for part in parts]),
+             torch.cat([_pad_left(part[i][1], length) for part in parts]))
+            for i in range(len(parts[0]))
+        ])
+        self.mask = torch.cat([_pad_left(m, length) for m in masks])
         self.seqs += seqs
 
     def keep(self, rows: list[int]) -> None:

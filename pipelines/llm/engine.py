@@ -1,8 +1,10 @@
 """The LLM engine: continuous batching over one resident model, on its own thread.
 
-Each step admits waiting sequences while there is room (prefilled together, their
-first token sampled: time to first token), then runs one decode step for every running
-sequence at once, then retires the finished ones. Sequences join and leave between
+Each step admits waiting sequences while there is room, runs one prefill pass over their
+prompts (prefill.py: packed, and while more sequences decode than wait, at most
+`prefill_tokens` of them; prompts that finish there get their first token, the time to
+first token, and join the running batch), then one decode step for every running sequence
+at once, then retires the finished ones. Sequences join and leave between
 steps, so a long answer never holds up a short one and concurrent requests share every
 decode step. Callers submit from any thread and get `Output`s through a callback; the
 async `stream` and blocking `generate` wrap that.
@@ -16,14 +18,13 @@ from collections import deque
 from typing import AsyncIterator
 
 import torch
-import torch.nn.functional as F
-from transformers import DynamicCache
 
 from vidserve.errors import EngineOverloaded, InvalidRequest
 
 from .batch import RunningBatch
 from .grammar import Grammars, mask_logits
 from .model import ChatModel, Prompt
+from .prefill import PackedPrefill
 from .repetition import RepetitionDetector, exempt_token_ids
 from .sampler import sample
 from .sequence import Output, SamplingParams, Sequence, Status
@@ -31,12 +32,13 @@ from .sequence import Output, SamplingParams, Sequence, Status
 
 class LLMEngine:
     def __init__(self, model: ChatModel, *, max_running: int = 16, max_waiting: int = 64,
-                 max_prefill_tokens: int = 8192, metrics=None):
+                 prefill_tokens: int = 256, metrics=None):
         self.model = model
-        self.max_running, self.max_waiting, self.max_prefill_tokens = max_running, max_waiting, max_prefill_tokens
+        self.max_running, self.max_waiting = max_running, max_waiting
         self.metrics = metrics  # telemetry.ChatMetrics or None
         self.grammars = Grammars(model.tokenizer, model.vocab_size)
         self.waiting: deque[Sequence] = deque()
+        self.prefill = PackedPrefill(model, prefill_tokens)  # admitted, prompts not yet all cached
         self.batch = RunningBatch()
         self.decode_steps = 0  # with decoded_tokens: the mean decode batch size
         self.decoded_tokens = 0
@@ -106,7 +108,8 @@ class LLMEngine:
 
     @property
     def running(self) -> int:
-        return len(self.batch)
+        """Sequences holding a slot: decoding, or being prefilled."""
+        return len(self.batch) + len(self.prefill)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -124,7 +127,7 @@ class LLMEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self.waiting and not self.batch.seqs:
+                while not self._stopping and not self.waiting and not self.running:
                     self._cond.wait()
                 if self._stopping:
                     return
@@ -133,58 +136,42 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> None:
         self._drop_aborted()
-        admitted = self._admit()
+        self._admit()
+        pieces = self.prefill.plan(decoding=len(self.batch))
         try:
-            if admitted:
-                self._prefill(admitted)
+            if pieces:
+                self._prefill(pieces)
                 self._retire()
             if self.batch.seqs:
                 self._decode()
                 self._retire()
         except Exception as exc:  # a failed step fails its sequences, never the engine
-            for seq in admitted + self.batch.seqs:
+            failed = [p.seq for p in pieces] + self.batch.seqs
+            self.prefill.discard(failed)
+            for seq in failed:
                 if not seq.finished:
                     self._fail(seq, exc)
             self.batch = RunningBatch()
         if self.metrics is not None:
-            self.metrics.load(len(self.batch), len(self.waiting))
+            self.metrics.load(self.running, len(self.waiting))
 
-    def _admit(self) -> list[Sequence]:
+    def _admit(self) -> None:
         admitted: list[Sequence] = []
-        tokens = 0
         with self._cond:
-            while self.waiting and len(self.batch) + len(admitted) < self.max_running:
-                if admitted and tokens + self.waiting[0].prompt_len > self.max_prefill_tokens:
-                    break
+            while self.waiting and self.running + len(admitted) < self.max_running:
                 admitted.append(self.waiting.popleft())
-                tokens += admitted[-1].prompt_len
-        return admitted
-
-    def _prefill(self, seqs: list[Sequence]) -> None:
-        embeds = []
-        for seq in list(seqs):
+        for seq in admitted:
             try:
-                embeds.append(self.model.prompt_embeddings(seq.prompt))
+                self.prefill.add(seq)
             except Exception as exc:  # e.g. an image the vision tower cannot take
-                seqs.remove(seq)
                 self._fail(seq, exc)
-        if not seqs:
-            return
-        length = max(e.shape[0] for e in embeds)
-        inputs = torch.stack([F.pad(e, (0, 0, length - e.shape[0], 0)) for e in embeds])
-        mask = torch.stack([F.pad(torch.ones(e.shape[0], dtype=torch.long, device=e.device), (length - e.shape[0], 0))
-                            for e in embeds])
-        if self.model.mrope:  # each prompt's own [3, len] positions, left-padded (padding is masked)
-            positions = torch.stack([F.pad(self.model.rope_positions(seq.prompt), (length - e.shape[0], 0))
-                                     for seq, e in zip(seqs, embeds)], dim=1)
-        else:
-            positions = (mask.cumsum(1) - 1).clamp_min(0)
-        cache = DynamicCache()
-        logits = self.model.forward(cache, mask, positions, inputs_embeds=inputs)
-        for seq in seqs:
+
+    def _prefill(self, pieces) -> None:
+        finished, logits, caches = self.prefill.run(pieces)
+        for seq in finished:
             seq.status = Status.running
-        self._sample_and_append(logits, seqs)
-        self.batch.join(seqs, cache, mask)
+        self._sample_and_append(logits, finished)
+        self.batch.join(finished, caches)
 
     def _decode(self) -> None:
         ids, mask, positions = self.batch.decode_inputs()
@@ -224,7 +211,9 @@ class LLMEngine:
             aborted = [s for s in self.waiting if s.aborted]
             for seq in aborted:
                 self.waiting.remove(seq)
-        for seq in aborted + [s for s in self.batch.seqs if s.aborted and not s.finished]:
+        prefilling = [s for s in self.prefill.queue if s.aborted]
+        self.prefill.discard(prefilling)
+        for seq in aborted + prefilling + [s for s in self.batch.seqs if s.aborted and not s.finished]:
             seq.status = Status.finished
             seq.finish_reason = "abort"
             self._emit(seq, Output("", True, seq.prompt_len, len(seq.output_ids), "abort"))

@@ -4,7 +4,7 @@
 own processor and chat template; `prompt_embeddings` embeds them, running the vision
 encoder + projector only for images it has not seen (features are cached by content
 hash, and text-only prompts never touch the encoder); `forward` runs the decoder over a
-batch with a KV cache and returns the last position's logits.
+batch with a KV cache and returns the logits where the caller asks.
 
 Vision-language checkpoints load with `AutoModelForImageTextToText` + `AutoProcessor`
 (LLaVA-1.5, LLaVA-NeXT and other models whose image features replace placeholder
@@ -195,15 +195,23 @@ class ChatModel:
 
     @torch.inference_mode()
     def forward(self, cache: DynamicCache, attention_mask: torch.Tensor, position_ids: torch.Tensor, *,
-                input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, vocab] of the last position; `cache` grows by the new tokens.
+                input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                logits_at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits [batch, vocab] of each row's last position, or [n, vocab] at the n (rows,
+        columns) of `logits_at`; `cache` grows by the new tokens.
 
         `position_ids` is [batch, new tokens], or [3, batch, new tokens] for M-RoPE models:
         given explicitly, Qwen2-VL never falls back on the `rope_deltas` it keeps from its
         last call (one batch's, not each sequence's)."""
+        keep = 1
+        if logits_at is not None:  # the head runs only at the columns asked for
+            rows, columns = logits_at
+            keep, where = torch.unique(columns, return_inverse=True)
         out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                         position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :].float()
+                         position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=keep.to(self.device)
+                         if logits_at is not None else keep)
+        logits = out.logits[:, -1, :] if logits_at is None else out.logits[rows, where]
+        return logits.float()
 
 
 def _text_of(content) -> str:
