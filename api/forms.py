@@ -19,7 +19,7 @@ from vidserve.media import decode_data_url
 from .errors import APIError
 
 # Multipart carries every field as a string; these hold JSON.
-JSON_FIELDS = ("metadata", "attention", "cache", "prompts", "loras")
+JSON_FIELDS = ("metadata", "attention", "cache", "prompts", "loras", "outputs")
 # Levels of lists and objects one field's value may have: far more than any real request,
 # and far fewer than the ~1000 at which Python's json gives up with a RecursionError.
 MAX_JSON_DEPTH = 32

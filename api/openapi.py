@@ -15,6 +15,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from vidserve.formats import FORMATS
+
 from .forms import JSON_FIELDS
 from .schemas import VideoCreate, VideoExtend, VideoRemix
 
@@ -67,12 +69,13 @@ _ROUTE_ERRORS = {
     ("/readyz", "get"): ("503",),
 }
 
-# What the successes carry where it is not JSON (or not only JSON).
-_CONTENT = {"video/mp4": {"schema": {"type": "string", "format": "binary"}},
-            "image/webp": {"schema": {"type": "string", "format": "binary"}}}
+# What the successes carry where it is not JSON (or not only JSON): a variant's file.
+_CONTENT = {media_type: {"schema": {"type": "string", "format": "binary"}}
+            for media_type in ["video/mp4", "image/webp", "image/jpeg", *(f.media_type for f in FORMATS.values())]}
 _SUCCESSES = {
     ("/v1/videos/{video_id}/content", "get"): {
-        "200": {"description": "The file (video/mp4, or image/webp for the thumbnail).", "content": _CONTENT},
+        "200": {"description": "The file: video/mp4, image/webp for the thumbnail, image/jpeg for the spritesheet, "
+                               "or a rendition's own media type.", "content": _CONTENT},
         "206": {"description": "The asked byte range of the file.", "content": _CONTENT},
         "307": {"description": "With VIDSERVE_CONTENT_REDIRECT and S3 storage: Location is a presigned URL "
                                "of the file.", "headers": {"Location": {"schema": {"type": "string"}}}}},

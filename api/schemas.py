@@ -10,6 +10,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vidserve.loras import LoraRequest
+from vidserve.renditions import OutputRequest
+
+OUTPUTS_DESCRIPTION = ("Renditions to make beside the default H.264 MP4 (`video`): each downloads as "
+                       "content?variant=NAME once the video is completed.")
 
 
 class _JobFields(BaseModel):
@@ -35,6 +39,7 @@ class _JobFields(BaseModel):
                                             "(GET /v1/loras), with their scale and, on a two-expert model, target.")
     preset: str | None = Field(None, max_length=64, description="One of the model's presets (GET /v1/models): it "
                                "fills steps, guidance, the sampler's shift and adapters left unset.")
+    outputs: list[OutputRequest] | None = Field(None, max_length=64, description=OUTPUTS_DESCRIPTION)
     webhook_url: str | None = Field(None, max_length=2048)
     metadata: dict[str, str] | None = None
 
@@ -78,6 +83,10 @@ class VideoExtend(_JobFields):
 
 
 class VideoRemix(BaseModel):
+    """POST /v1/videos/{id}/remix: the source video's job again with OpenAI's new `prompt`;
+    `outputs`, if given, in place of the source's."""
+
     model_config = ConfigDict(extra="forbid")
 
     prompt: str
+    outputs: list[OutputRequest] | None = Field(None, max_length=64, description=OUTPUTS_DESCRIPTION)

@@ -14,6 +14,7 @@ from vidserve.media import VideoInfo, load_image, probe_video, read_last_frame
 from vidserve.outbound import check_url
 from vidserve.params import JobParams
 from vidserve.registry import ModelSpec, resolve, resolve_local
+from vidserve.renditions import OutputRequest, resolve_outputs
 from vidserve.requests import GenerationRequest, build_request, check_prompt
 from vidserve.telemetry import ANONYMOUS_LABEL
 
@@ -29,11 +30,14 @@ def submit_video(svc: Services, caller: Caller, body: VideoCreate, image_bytes: 
     request = build_request(spec, svc.settings, body.prompt, size=body.size, seconds=body.seconds,
                             num_frames=body.num_frames, fps=body.fps, image=image, **_options(svc, body))
     _check_request_quotas(svc, caller, request)
+    outputs = resolve_outputs(body.outputs, request.width, request.height, request.fps, request.num_frames,
+                              svc.settings)
     seconds = f"{body.seconds:g}" if body.seconds is not None else f"{request.seconds:g}"
     if idempotency_key is not None and caller.name is not None:
         idempotency_key = f"{caller.name}:{idempotency_key}"  # one key's retries never find another key's job
-    job = _job(svc, caller, spec.name, request.prompt, JobParams.of(request, seconds), webhook_url=body.webhook_url,
-               metadata=body.metadata, idempotency_key=idempotency_key, request_hash=request_hash)
+    job = _job(svc, caller, spec.name, request.prompt, JobParams.of(request, seconds, outputs=outputs),
+               webhook_url=body.webhook_url, metadata=body.metadata, idempotency_key=idempotency_key,
+               request_hash=request_hash)
     if image is not None:
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
@@ -78,7 +82,9 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     request.image, source_frames = _last_frame(source_bytes)
     total = source_frames + request.num_frames  # decoded frames, which the worker joins to: the probe counted packets
     _check_extended_length(svc.settings, total, request.fps)
-    params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=source_frames)
+    # Renditions of the whole extended video.
+    outputs = resolve_outputs(body.outputs, request.width, request.height, request.fps, total, svc.settings)
+    params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=source_frames, outputs=outputs)
     job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url, metadata=body.metadata,
                extends_video_id=body.video.id if body.video else None)
     source_key = f"{job.id}/source.mp4"
@@ -87,13 +93,19 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     return _enqueue(svc, job)
 
 
-def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str) -> Job:
+def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str,
+                 outputs: list[OutputRequest] | None = None) -> Job:
     """The same job with a new prompt: every parameter, the first frame, and for an extension
-    the video it continues, are the source's."""
+    the video it continues, are the source's; and its renditions, unless `outputs` names others."""
     check_prompt(prompt, svc.settings)
+    params = source.params
+    if outputs is not None:
+        renditions = resolve_outputs(outputs, params.width, params.height, params.fps,
+                                     params.source_frames + params.num_frames, svc.settings)
+        params = params.model_copy(update={"outputs": renditions})
     if source.is_expired():  # its first frame and source video went with its outputs
         raise video_expired(source)
-    job = _job(svc, caller, source.model, prompt, source.params, webhook_url=source.webhook_url,
+    job = _job(svc, caller, source.model, prompt, params, webhook_url=source.webhook_url,
                    metadata=source.metadata, remixed_from_video_id=source.id, extends_video_id=source.extends_video_id)
     if source.input_image_key:
         job.input_image_key = svc.storage.copy(source.input_image_key, f"{job.id}/input.png")

@@ -130,7 +130,7 @@ def test_multipart_with_image_is_accepted(api):
 def test_unknown_video_and_variant(api):
     client, _ = api
     assert assert_openai_error(client.get("/v1/videos/video_nope"), 404)["code"] == "not_found"
-    assert_openai_error(client.get("/v1/videos/video_nope/content?variant=poster"), 400, "variant")
+    assert_openai_error(client.get("/v1/videos/video_nope/content?variant=../video"), 400, "variant")
     assert_openai_error(client.post("/v1/videos/video_nope/cancel"), 404)
     assert_openai_error(client.delete("/v1/videos/video_nope"), 404)
     assert_openai_error(client.get("/v1/videos?after=video_nope"), 400, "after")

@@ -11,6 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+from probe import probe
+
 from vidserve import cli
 from vidserve.media import read_video
 
@@ -91,6 +93,9 @@ BAD_INPUTS = {
     "offload on the CPU": lambda tmp: ["--model", "wan-tiny", "--device", "cpu", "--offload", "model"],
     "fp8 on the CPU": lambda tmp: ["--model", "wan-tiny", "--device", "cpu", "--quantization", "fp8"],
     "unknown option": lambda tmp: ["--model", "wan-tiny", "--bogus"],
+    "prores in webm": lambda tmp: ["--model", "wan-tiny", "-o", f"{tmp / 'x.webm'},codec=prores"],
+    "an output of no known kind": lambda tmp: ["--model", "wan-tiny", "-o", str(tmp / "x.avi")],
+    "an output option without a value": lambda tmp: ["--model", "wan-tiny", "-o", f"{tmp / 'x.gif'},fps"],
 }
 
 
@@ -172,3 +177,17 @@ def test_long_video_chains_chunks_and_writes_a_report(tmp_path):
         assert {"mean_luma", "channel_mean", "channel_std", "histogram_distance", "sharpness", "luma_change",
                 "sharpness_ratio"} <= set(chunk["drift"])
     assert "luma Δ" in result.stderr  # the per-chunk drift table
+
+
+def test_generate_writes_each_output_asked_for(tmp_path):
+    mp4, webm, frames, report = (tmp_path / name for name in ("fox.mp4", "fox.webm", "fox.zip", "r.json"))
+    result = vidserve(*FOX, "--model", "wan-tiny", "--seed", "2", "--report", str(report), "-o", str(mp4),
+                      "-o", f"{webm},fps=30,fps_mode=blend,quality=40,size=32x32", "-o", str(frames))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(mp4), str(webm), str(frames)]
+    found = probe(webm)
+    assert (found.codec, found.fps, found.width, found.frames) == ("vp9", 30, 32, 61)  # 33 frames at 16 fps
+    assert probe(mp4).tags["seed"] == "2"
+    outputs = json.loads(report.read_text())["outputs"]
+    assert [(o["path"], o["format"], o["frames"]) for o in outputs] == [(str(mp4), "mp4", 33), (str(webm), "webm", 61),
+                                                                        (str(frames), "frames", 33)]

@@ -25,6 +25,7 @@ from vidserve.jobstore_sqlite import SQLiteJobStore
 from vidserve.loras import LoraRequest
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
+from vidserve.renditions import Rendition
 from vidserve.requests import GenerationRequest
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
@@ -38,10 +39,15 @@ BODY = {"model": "wan-tiny", "prompt": "a red fox", "size": "96x80", "num_frames
         "prompts": ["the fox sits", "the fox runs"], "drift_correction": "none",
         "attention": {"mode": "topk", "density": 0.25, "tile": [2, 4, 4]},
         "cache": {"kind": "first_block", "threshold": 0.1}, "prompt_extend": True, "caption_chain": True,
-        "loras": [{"name": "tiny-style", "scale": 0.5}], "preset": "fast"}
+        "loras": [{"name": "tiny-style", "scale": 0.5}], "preset": "fast",
+        "outputs": [{"format": "webm", "fps": 24, "fps_mode": "blend", "quality": 40, "size": "48x40", "name": "web"}]}
 # Multipart carries every field as a string, structured ones as JSON.
 FORM = {k: json.dumps(v) if isinstance(v, (dict, list)) else str(v).lower() if isinstance(v, bool) else str(v)
         for k, v in BODY.items()}
+
+WEB = Rendition(name="web", format="webm", codec="vp9", fps=24, fps_mode="blend", quality=40, width=48, height=40)
+WEB_SHOWN = {"name": "web", "format": "webm", "media_type": "video/webm", "codec": "vp9", "fps": 24,
+             "fps_mode": "blend", "quality": 40, "size": "48x40", "bytes": None}
 
 # JobParams field -> (the value the job keeps, the video object's key, the value it shows there).
 # None as the key: the field is the worker's alone (the video object shows its effect elsewhere).
@@ -68,6 +74,7 @@ WALK = {
     "flow_shift": (2.0, None, None),  # the preset's; the fields the body gives (steps, guidance) win over it
     "seconds": ("5.33333", "seconds", "5.33333"),  # (65 - 1) / 12
     "source_frames": (0, None, None),  # walked by the extension test below
+    "outputs": ((WEB,), "outputs", [{**WEB_SHOWN, "frames": 129}]),  # (65 - 1) * 24 // 12 + 1
 }
 
 
@@ -106,7 +113,7 @@ def assert_walked(job, video, runner, walk=WALK, source=None):
             assert {k: _stored_value(value)[k] for k in kept} == kept, name
         else:
             assert value == kept, name
-        if name not in ("seconds", "source_frames"):
+        if name not in ("seconds", "source_frames", "outputs"):
             carried = getattr(request, name)
             assert (tuple(carried) if isinstance(carried, list) else carried) == value, f"request.{name}"
         if video_key is not None:
@@ -147,7 +154,8 @@ def test_extension_walks_source_frames_and_remixes_from_the_same_source(api, tmp
     # 5 s at 12 fps adds 60 frames: two 33-frame chunks that each open on the frame they continue.
     walk = {**WALK, "num_frames": (60, "num_frames", 69), "chunk_frames": ((33, 29), None, None),
             "seconds": ("5.66667", "seconds", "5.66667"),  # (9 + 60 - 1) / 12
-            "source_frames": (9, None, None)}
+            "source_frames": (9, None, None),
+            "outputs": ((WEB,), "outputs", [{**WEB_SHOWN, "frames": 137}])}  # renditions of all 69 frames
     assert_walked(job, video, runner, walk, source=frames)
 
     # A remix of an extension continues the same source (it never asks for a 4k+1 frame count).

@@ -91,10 +91,36 @@ def _cache_overrides(args: argparse.Namespace) -> dict | None:
     return overrides or None
 
 
+def _output_requests(given: list[str] | None, default: str):
+    """--output PATH[,KEY=VALUE...] values (or `default`) as (path, OutputRequest) pairs; the
+    format is the path's suffix's unless format= says otherwise."""
+    from vidserve.formats import FORMATS
+    from vidserve.renditions import OutputRequest
+
+    by_suffix = {f.extension: name for name, f in FORMATS.items()}
+    requests = []
+    for value in given or [default]:
+        path, *options = value.split(",")
+        if any("=" not in option for option in options):
+            raise InvalidRequest(f"--output takes PATH[,KEY=VALUE...], got {value!r}", param="outputs")
+        fields = dict(option.partition("=")[::2] for option in options)
+        fields.setdefault("format", by_suffix.get(Path(path).suffix.lower()))
+        if fields["format"] is None:
+            raise InvalidRequest(f"--output {path}: end it in {', '.join(by_suffix)} or add format=...",
+                                 param="outputs")
+        try:
+            requests.append((Path(path), OutputRequest.model_validate(fields)))
+        except ValidationError as exc:
+            raise from_validation_error(exc, prefix="--output") from None
+    return requests
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    from vidserve.encoder import Provenance, Renderer
     from vidserve.loras import LoraRegistry
-    from vidserve.media import encode_mp4, load_image
+    from vidserve.media import load_image
     from vidserve.registry import resolve_local
+    from vidserve.renditions import resolve_output
     from vidserve.requests import build_request
 
     settings = _placed(_settings(args))
@@ -108,9 +134,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         attention=_attention_overrides(args), cache=_cache_overrides(args),
         loras=_lora_uses(args.use_lora), preset=args.preset, adapters=adapters,
     )
-    output = Path(args.output or f"vidserve-{request.seed}.mp4")
-    if output.parent and not output.parent.exists():
-        output.parent.mkdir(parents=True)
+    outputs = [(path, resolve_output(asked, "--output", request.width, request.height, request.fps,
+                                     request.num_frames, settings))
+               for path, asked in _output_requests(args.output, f"vidserve-{request.seed}.mp4")]
+    for path, _ in outputs:
+        path.parent.mkdir(parents=True, exist_ok=True)
 
     from tqdm import tqdm
 
@@ -124,9 +152,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                 on_step=lambda done, total: bar.update(done - bar.n), load=settings.load,
                                 adapters=adapters)
     start = time.perf_counter()
-    encode_mp4(result.frames, output, fps=request.fps)
+    renderer = Renderer(result.frames, request.fps, Provenance(request.prompt, spec.name, request.seed))
+    for path, rendition in outputs:
+        renderer.write(rendition, path)
+        print(path)
     timings = {**result.timings, "encode": time.perf_counter() - start}
-    print(output)
     print(f"seed {request.seed}, {len(result.frames)} frames {request.width}x{request.height} @ {request.fps} fps; "
           + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items()), file=sys.stderr)
     if chunks > 1:
@@ -135,7 +165,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"{PROG}: warning: {warning.code}: {warning.message}", file=sys.stderr)
     if args.report:
-        report = {"output": str(output), "model": spec.name, "prompt": request.prompt, "seed": request.seed,
+        report = {"output": str(outputs[0][0]),
+                  "outputs": [{"path": str(path), **rendition.describe(request.num_frames, request.fps,
+                                                                         path.stat().st_size)}
+                              for path, rendition in outputs],
+                  "model": spec.name, "prompt": request.prompt, "seed": request.seed,
                   "width": request.width, "height": request.height, "fps": request.fps, "frames": len(result.frames),
                   "steps": request.steps, "drift_correction": request.drift_correction, "timings": timings,
                   "warnings": [w.model_dump() for w in warnings],
@@ -283,7 +317,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {version('vidserve')}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    gen = sub.add_parser("generate", help="render one clip to an MP4", description="Render one clip to an MP4.")
+    gen = sub.add_parser("generate", help="render one clip to an MP4 (or the files --output names)",
+                         description="Render one clip to an MP4, or to the files --output names.")
     gen.add_argument("prompt", help="what the video shows")
     gen.add_argument("--model", help=f"registry name (see 'vidserve models') or local diffusers folder "
                                      f"(default: {s.default_model})")
@@ -320,7 +355,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--preset", help="one of the model's presets (see 'vidserve models'): steps, guidance, shift "
                                       "and adapters, which other flags override")
     _add_lora_dir_flag(gen, s)
-    gen.add_argument("-o", "--output", help="output MP4 path (default: vidserve-SEED.mp4)")
+    gen.add_argument("-o", "--output", action="append", metavar="PATH[,KEY=VALUE...]",
+                     help="write the video here, as the suffix says (.mp4 .webm .mov .gif .apng, .zip for PNG "
+                          "frames); KEY=VALUE pairs set the rendition's codec, fps, fps_mode, quality and size, as "
+                          "the API's outputs do; repeatable (default: vidserve-SEED.mp4)"),
     _add_placement_flags(gen, s)
     gen.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     gen.set_defaults(func=cmd_generate)

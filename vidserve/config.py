@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest uploaded file; any request body "
                                   "(JSON, form, chunked, chat) may be this plus 64 KiB, and is read no further.")
     max_queued: int = Field(100, gt=0, description="Queued jobs past which new ones get 429.")
+    # Renditions (a request's `outputs`): each is encoded by the worker after the video is decoded.
+    max_outputs: int = Field(8, ge=0, description="Most renditions one request may ask for.")
+    max_output_side: int = Field(1920, ge=16, description="Largest width or height of a rendition in pixels.")
+    max_output_frames: int = Field(1801, gt=0, description="Most frames one rendition may hold, after its frame "
+                                   "rate conversion (the default: 30 s at 60 fps).")
 
     attention: AttentionOptions = Field(AttentionOptions(), description="Default attention; JSON, e.g. "
                                         '{"mode": "topk", "density": 0.125}. Requests may override it.')
@@ -76,14 +81,14 @@ class Settings(BaseSettings):
     chat_model: str = Field("vlm-shapes", description="Model for /v1/chat/completions and prompt extension "
                             "(a name, hub id or local folder); empty: no chat.")
     chat_max_running: int = Field(16, gt=0, description="Sequences decoded together (continuous batching).")
+    chat_prefill_tokens: int = Field(256, gt=0, description="Prompt tokens per prefill row. While more sequences "
+                                     "decode than wait, a step prefills one row: how long a new prompt may delay "
+                                     "running answers.")
     chat_max_waiting: int = Field(64, ge=0, description="Chat requests waiting for a slot past which new ones get 429.")
     chat_max_tokens: int = Field(4096, gt=0, description="Most tokens one answer may generate.")
     chat_remote_images: bool = Field(False, description="Fetch http(s) image URLs (public hosts only, unless "
                                      "allow_private_urls).")
     chat_url: str | None = Field(None, description="Chat endpoint distributed workers call for prompt extension "
-    chat_prefill_tokens: int = Field(256, gt=0, description="Prompt tokens per prefill row. While more sequences "
-                                     "decode than wait, a step prefills one row: how long a new prompt may delay "
-                                     "running answers.")
                                  "and captions, e.g. http://api-host:8000/v1; embedded mode calls in-process.")
 
     # Queue and crash safety.

@@ -57,6 +57,12 @@ class ModelUnavailable(VidserveError):
                          "or pass a local diffusers folder")
 
 
+class EncodeFailed(VidserveError):
+    """ffmpeg could not write a rendition: the job fails with this code, the worker carries on."""
+
+    code = "encode_failed"
+
+
 class JobCancelled(VidserveError):
     """Raised from the denoising-step callback when a job's cancel flag is set."""
 

@@ -48,7 +48,8 @@ class Job(BaseModel):
     model: str
     prompt: str
     status: JobStatus = JobStatus.queued
-    progress: int = 0  # 0-100, advanced per denoising step
+    progress: int = 0  # 0-100, advanced per denoising step, then per rendition encoded
+    stage: Literal["generating", "encoding"] | None = None  # what a running job is doing
     created_at: float = Field(default_factory=time.time)
     started_at: float | None = None
     completed_at: float | None = None
@@ -56,7 +57,8 @@ class Job(BaseModel):
     expired: bool = False  # the expiry sweeper has deleted its files
     params: JobParams  # what to generate, resolved and validated
     input_image_key: str | None = None  # storage key of an uploaded first frame
-    outputs: dict[str, str] = Field(default_factory=dict)  # variant ("video", "thumbnail") -> storage key
+    outputs: dict[str, str] = Field(default_factory=dict)  # variant ("video", "thumbnail", a rendition) -> storage key
+    output_bytes: dict[str, int] = Field(default_factory=dict)  # rendition -> its file's size
     # Chunks of a long video as they finish: {"index", "frames", "key", "drift"}; downloadable at once.
     chunks: list[dict[str, Any]] = Field(default_factory=list)
     source_video_key: str | None = None  # the MP4 an extension continues (copied or uploaded)
@@ -120,17 +122,21 @@ def start(worker_id: str, lease_seconds: float) -> Callable[[Job], None]:
         now = time.time()
         job.status, job.worker_id, job.attempts = JobStatus.in_progress, worker_id, job.attempts + 1
         job.started_at, job.lease_expires_at, job.progress, job.error = now, now + lease_seconds, 0, None
+        job.stage = "generating"
         job.chunks = []  # a rerun starts the video over
 
     return apply
 
 
-def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None) -> Callable[[Job], None]:
+def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None,
+              stage: str | None = None) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.lease_expires_at = time.time() + lease_seconds
         if progress is not None:
             job.progress = max(job.progress, min(progress, 100))
+        if stage is not None:
+            job.stage = stage
 
     return apply
 
@@ -153,14 +159,16 @@ def prompt_extended(worker_id: str, extended: str) -> Callable[[Job], None]:
 
 def complete(worker_id: str, outputs: dict[str, str], timings: dict[str, float],
              warnings: Iterable[OutputWarning] = (), output_ttl: float = 0,
-             attention: str | None = None) -> Callable[[Job], None]:
+             attention: str | None = None, output_bytes: dict[str, int] | None = None) -> Callable[[Job], None]:
     """`output_ttl`: seconds the files are kept after completion (0: until the video is deleted);
-    `attention`: the self-attention that ran ("topk", or "dense" where too few tokens made it so)."""
+    `attention`: the self-attention that ran ("topk", or "dense" where too few tokens made it so);
+    `output_bytes`: each rendition's size."""
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.status, job.progress, job.completed_at = JobStatus.completed, 100, time.time()
         job.expires_at = job.completed_at + output_ttl if output_ttl > 0 else None
         job.outputs, job.timings, job.lease_expires_at = dict(outputs), dict(timings), None
+        job.output_bytes = dict(output_bytes or {})
         job.warnings, job.attention_effective = list(warnings), attention
 
     return apply
@@ -309,6 +317,7 @@ def video_object(job: Job) -> dict[str, Any]:
         "model": job.model,
         "status": job.status.value,
         "progress": job.progress,
+        "stage": job.stage if job.status is JobStatus.in_progress else None,
         "created_at": int(job.created_at),
         "completed_at": int(job.completed_at) if job.completed_at else None,
         "expires_at": int(job.expires_at) if job.expires_at else None,  # None: kept until deleted
@@ -338,6 +347,9 @@ def video_object(job: Job) -> dict[str, Any]:
         "chunks": [{"index": c["index"], "frames": c["frames"], "drift": c["drift"], "prompt": c.get("prompt")}
                    for c in job.chunks],
         "has_input_reference": job.input_image_key is not None,
+        # Renditions beside `video`, `thumbnail` and `spritesheet`: content?variant=NAME once completed.
+        "outputs": [r.describe(p.source_frames + p.num_frames, p.fps, job.output_bytes.get(r.name))
+                    for r in p.outputs],
         "started_at": int(job.started_at) if job.started_at else None,
         "attempts": job.attempts,
         "timings": job.timings or None,

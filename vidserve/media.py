@@ -35,7 +35,12 @@ def ffmpeg_exe() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 
-def _check_frames(frames: np.ndarray) -> None:
+def stderr_tail(stderr: bytes, lines: int = 5) -> str:
+    """The last lines of ffmpeg's log, where it says why it failed."""
+    return "\n".join(stderr.decode(errors="replace").strip().splitlines()[-lines:])
+
+
+def check_frames(frames: np.ndarray) -> None:
     if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8:
         raise ValueError(f"frames must be a uint8 numpy array, got {getattr(frames, 'dtype', type(frames))}")
     if frames.ndim != 4 or frames.shape[-1] != 3:
@@ -46,7 +51,7 @@ def _check_frames(frames: np.ndarray) -> None:
 
 def encode_mp4(frames: np.ndarray, path: str | Path, fps: int, crf: int = 18) -> Path:
     """Encode RGB frames as an H.264/yuv420p MP4 that browsers can stream, atomically."""
-    _check_frames(frames)
+    check_frames(frames)
     _, h, w, _ = frames.shape
     if h % 2 or w % 2:
         # yuv420p stores chroma at half resolution, so libx264 rejects odd sizes.
@@ -73,8 +78,7 @@ def encode_mp4(frames: np.ndarray, path: str | Path, fps: int, crf: int = 18) ->
         stream.run(cmd=ffmpeg_exe(), input=frames.tobytes(), quiet=True, overwrite_output=True)
         os.replace(tmp, path)
     except ffmpeg.Error as exc:
-        tail = "\n".join(exc.stderr.decode(errors="replace").strip().splitlines()[-5:])
-        raise RuntimeError(f"ffmpeg failed to encode {path}:\n{tail}") from None
+        raise RuntimeError(f"ffmpeg failed to encode {path}:\n{stderr_tail(exc.stderr)}") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -179,7 +183,7 @@ def decode_data_url(url: str, param: str, max_bytes: int) -> bytes:
 
 def save_thumbnail(frames: np.ndarray, path: str | Path, format: str | None = None) -> Path:
     """Save the middle frame as a still (PNG or WebP, from `format` or the file suffix)."""
-    _check_frames(frames)
+    check_frames(frames)
     path = Path(path)
     Image.fromarray(frames[len(frames) // 2]).save(path, format=format)
     return path
@@ -187,7 +191,7 @@ def save_thumbnail(frames: np.ndarray, path: str | Path, format: str | None = No
 
 def last_frame(frames: np.ndarray) -> Image.Image:
     """The final frame as a PIL image, e.g. to seed the next clip of an extension."""
-    _check_frames(frames)
+    check_frames(frames)
     return Image.fromarray(frames[-1])
 
 

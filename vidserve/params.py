@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vidserve.loras import LoraRequest
 from vidserve.options import AttentionOptions, CacheOptions
+from vidserve.renditions import Rendition
 from vidserve.requests import GenerationRequest
 
 
@@ -39,15 +40,17 @@ class JobParams(BaseModel):
     loras: tuple[LoraRequest, ...] = ()
     preset: str | None = None
     flow_shift: float | None = None
-    # Not part of the request: what the video object reports.
+    # Not part of the request: what the video object reports, and what is encoded from the frames.
     seconds: str = Field(description="The video's length as OpenAI reports it: the seconds asked for, or, for an "
                                      "extension, the stitched total.")
     source_frames: int = Field(0, ge=0, description="Frames of the video an extension continues (0: none).")
+    outputs: tuple[Rendition, ...] = Field((), description="Renditions the worker encodes once the video is made.")
 
     @classmethod
-    def of(cls, request: GenerationRequest, seconds: str, source_frames: int = 0) -> "JobParams":
+    def of(cls, request: GenerationRequest, seconds: str, source_frames: int = 0,
+           outputs: tuple[Rendition, ...] = ()) -> "JobParams":
         fields = {name: getattr(request, name) for name in _REQUEST_FIELDS}
-        return cls(**fields, seconds=seconds, source_frames=source_frames)
+        return cls(**fields, seconds=seconds, source_frames=source_frames, outputs=outputs)
 
     def to_request(self, model: str, prompt: str, image: Any = None) -> GenerationRequest:
         """The request the API validated; `image` is the first frame, or the last frame of the

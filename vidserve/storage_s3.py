@@ -21,11 +21,13 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from vidserve.formats import FORMATS
 from vidserve.storage import Storage, StorageUnavailable, check_key
 
 MiB = 1024 * 1024
-# `mimetypes` does not know .webp on every Python this runs on.
-_CONTENT_TYPES = {".mp4": "video/mp4", ".webp": "image/webp", ".png": "image/png"}
+# `mimetypes` does not know .webp or .apng on every Python this runs on.
+_CONTENT_TYPES = {".mp4": "video/mp4", ".webp": "image/webp", ".png": "image/png", ".jpg": "image/jpeg",
+                  **{f.extension: f.media_type for f in FORMATS.values()}}
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 # A server error or overload, not a problem with the request: the same call may work in a moment.
 _OUTAGE_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown"}

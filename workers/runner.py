@@ -1,5 +1,6 @@
 """Runs one video job end to end: claim it, generate with per-step progress and
-cancellation, encode, store the outputs, record the outcome, announce it.
+cancellation, encode (the default MP4, thumbnail and spritesheet, then each rendition the job
+asks for, as stage `encoding`), store the outputs, record the outcome, announce it.
 
 The same runner serves the embedded queue and Celery workers. It claims a job through
 an atomic JobStore transition, so a job delivered twice still runs once, and it keeps a
@@ -28,6 +29,7 @@ import numpy as np
 from vidserve import jobs
 from vidserve.config import Settings
 from vidserve.drift import DriftMetrics
+from vidserve.encoder import Provenance, Renderer
 from vidserve.errors import JobCancelled, VidserveError
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore, LeaseLost
 from vidserve.loras import LoraRegistry
@@ -35,6 +37,7 @@ from vidserve.media import encode_mp4, last_frame, load_image, read_video_bytes,
 from vidserve.outages import STORE_UNAVAILABLE, through_outages
 from vidserve.quality import output_warnings
 from vidserve.requests import GenerationRequest
+from vidserve.spritesheet import save_spritesheet
 from vidserve.storage import Storage, StorageUnavailable
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, announce
@@ -45,6 +48,7 @@ log = logging.getLogger("vidserve.runner")
 
 # Denoising is nearly all of a job; decoding and encoding take the last few percent.
 DENOISE_SHARE = 95
+ENCODED = 99  # progress once every rendition is stored; 100 is the completed job
 
 T = TypeVar("T")
 
@@ -111,12 +115,15 @@ class JobRunner:
             self._count_loras(job, result.loras)
             # An extension's video is the source followed by the new frames.
             frames = result.frames if source is None else np.concatenate([source, result.frames])
+            self._report(job.id, stage="encoding")
             start = time.perf_counter()
             outputs = self._store_outputs(job, frames, request.fps, video_stored=one_chunk)
             timings = {**result.timings, "encode": time.perf_counter() - start}
+            renditions, sizes = self._store_renditions(job, request, frames, timings)
             warnings = output_warnings(frames)
-            done = self._write(job.id, jobs.complete(self.worker_id, outputs, timings, warnings,
-                                                     output_ttl=self.settings.output_ttl, attention=result.attention))
+            done = self._write(job.id, jobs.complete(self.worker_id, {**outputs, **renditions}, timings, warnings,
+                                                     output_ttl=self.settings.output_ttl, attention=result.attention,
+                                                     output_bytes=sizes))
             self._report_warnings(done)
             return done
         except (JobCancelled, JobNotFound, LeaseLost) as exc:  # cancelled, deleted, or now another worker's
@@ -160,13 +167,16 @@ class JobRunner:
             now = time.perf_counter()
             self.metrics.step_time.labels(job.model).observe(now - last[0])
             last[0] = now
-            progress = DENOISE_SHARE * done // total
-            # JobNotFound (deleted) and LeaseLost end the run like a cancel.
-            current = self._write(job.id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress))
-            if current.cancel_requested:
-                raise JobCancelled()
+            self._report(job.id, DENOISE_SHARE * done // total)
 
         return on_step
+
+    def _report(self, job_id: str, progress: int | None = None, stage: str | None = None) -> None:
+        """Record progress (and renew the lease); JobCancelled if a cancel was asked for meanwhile.
+        JobNotFound (deleted) and LeaseLost end the run like a cancel."""
+        current = self._write(job_id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress, stage))
+        if current.cancel_requested:
+            raise JobCancelled()
 
     def _on_chunk(self, job: Job, fps: int, whole_video: bool):
         """Each chunk, stored as it finishes; under the video's key when it is the `whole_video`."""
@@ -195,13 +205,37 @@ class JobRunner:
             self.metrics.output_warnings.labels(job.model, warning.code).inc()
 
     def _store_outputs(self, job: Job, frames, fps: int, video_stored: bool) -> dict[str, str]:
-        """The video (unless its one chunk already is it) and the thumbnail."""
+        """The video (unless its one chunk already is it), the thumbnail and the spritesheet."""
         with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
             video = f"{job.id}/video.mp4"
             if not video_stored:
                 self._put(video, encode_mp4(frames, Path(tmp) / "video.mp4", fps=fps))
             thumb = save_thumbnail(frames, Path(tmp) / "thumbnail.webp")
-            return {"video": video, "thumbnail": self._put(f"{job.id}/thumbnail.webp", thumb)}
+            sprites = save_spritesheet(frames, Path(tmp) / "spritesheet.jpg")
+            return {"video": video, "thumbnail": self._put(f"{job.id}/thumbnail.webp", thumb),
+                    "spritesheet": self._put(f"{job.id}/spritesheet.jpg", sprites)}
+
+    def _store_renditions(self, job: Job, request: GenerationRequest, frames: np.ndarray,
+                          timings: dict[str, float]) -> tuple[dict[str, str], dict[str, int]]:
+        """Each rendition the job asks for, encoded, stored and timed (`encode.NAME` in `timings`)
+        in turn: (their storage keys, their sizes). Progress moves on as each is stored, and a
+        cancel stops them between two."""
+        keys: dict[str, str] = {}
+        sizes: dict[str, int] = {}
+        renditions = job.params.outputs
+        renderer = Renderer(frames, request.fps, Provenance(request.prompt, job.model, request.seed))
+        # Renditions at one rate one after another: each frame rate conversion is made once
+        # (and counts toward the first rendition's time).
+        ordered = sorted(renditions, key=lambda r: (r.fps_mode or "", r.fps))
+        with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
+            for done, rendition in enumerate(ordered, 1):
+                start = time.perf_counter()
+                path = renderer.write(rendition, Path(tmp) / rendition.filename)
+                sizes[rendition.name] = path.stat().st_size
+                keys[rendition.name] = self._put(f"{job.id}/outputs/{rendition.filename}", path)
+                timings[f"encode.{rendition.name}"] = time.perf_counter() - start
+                self._report(job.id, DENOISE_SHARE + (ENCODED - DENOISE_SHARE) * done // len(ordered))
+        return keys, sizes
 
     def _end_quietly(self, job: Job, reason: Exception) -> Job | None:
         current = self._update_quietly(job.id, jobs.cancelled(self.worker_id))

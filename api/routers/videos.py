@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from vidserve import jobs
 from vidserve.jobs import Job, JobNotFound, JobStatus, video_object
 from vidserve.keys import Caller
+from vidserve.renditions import NAME_PATTERN
 from vidserve.webhooks import announce
 
 from ..auth import authenticate
@@ -27,7 +28,8 @@ from ..submission import submit_extension, submit_remix, submit_video
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(authenticate)])
 
-VARIANTS = {"video": "video/mp4", "thumbnail": "image/webp", "chunk": "video/mp4"}
+# Every video's variants; a rendition's media type is its format's.
+VARIANTS = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/jpeg", "chunk": "video/mp4"}
 EVENT_POLL_SECONDS = 0.2
 
 
@@ -112,10 +114,13 @@ async def delete_video(video_id: str, svc: Services = Depends(services), caller:
 
 @router.get("/{video_id}/content")
 async def download_content(request: Request, video_id: str,
-                           variant: Literal["video", "thumbnail", "chunk"] = "video",
+                           variant: str = Query("video", pattern=NAME_PATTERN,
+                                                description="video, thumbnail, spritesheet, chunk (with index), "
+                                                            "or the name of one of the video's outputs."),
                            index: int | None = Query(None, ge=0), svc: Services = Depends(services),
                            caller: Caller = Depends(authenticate)):
-    """`variant=video|thumbnail` once completed; `variant=chunk&index=K` as soon as chunk K is done."""
+    """`variant=video|thumbnail|spritesheet|NAME` (a rendition in the video's `outputs`) once
+    completed; `variant=chunk&index=K` as soon as chunk K is done."""
     job = await run_in_threadpool(_get, svc, caller, video_id)
     if job.is_expired():  # swept or about to be: its files are gone, or as good as
         raise video_expired(job)
@@ -125,20 +130,33 @@ async def download_content(request: Request, video_id: str,
             done = sorted(c["index"] for c in job.chunks)
             raise APIError(404 if job.status.terminal else 409, f"chunk {index} of video {video_id} is not "
                            f"available; chunks done: {done}", param="index", code="chunk_not_ready")
-        key, filename = chunk["key"], f"{video_id}-chunk-{index}.mp4"
+        key, filename, media_type = chunk["key"], f"{video_id}-chunk-{index}.mp4", VARIANTS["chunk"]
     elif job.status is not JobStatus.completed:
         raise APIError(409, f"video {video_id} is {job.status.value}; content is ready once it is completed",
                        code="video_not_ready")
     else:
-        key = job.outputs[variant]
-        filename = f"{video_id}{PurePosixPath(key).suffix}"
+        key, media_type = _variant(job, variant)
+        suffix = PurePosixPath(key).suffix
+        # video and thumbnail keep the names they always had; the others need theirs to tell them apart.
+        filename = f"{video_id}{suffix}" if variant in ("video", "thumbnail") else f"{video_id}-{variant}{suffix}"
     redirect_seconds = svc.settings.content_url_seconds if svc.settings.content_redirect else None
     try:
-        return await run_in_threadpool(stored_file_response, svc.storage, key, VARIANTS[variant], filename,
+        return await run_in_threadpool(stored_file_response, svc.storage, key, media_type, filename,
                                        request.headers.get("range"), redirect_seconds)
     except FileNotFoundError:
         raise APIError(404, f"the {variant} of video {video_id} is gone from storage", code="content_missing") \
             from None
+
+
+def _variant(job: Job, variant: str) -> tuple[str, str]:
+    """(storage key, media type) of a completed video's variant."""
+    key = job.outputs.get(variant)
+    if key is None:
+        raise APIError(404, f"video {job.id} has no {variant!r} variant; it has {', '.join(sorted(job.outputs))}",
+                       param="variant", code="variant_not_found")
+    if variant in VARIANTS:
+        return key, VARIANTS[variant]
+    return key, next(r.media_type for r in job.params.outputs if r.name == variant)
 
 
 @router.post("/{video_id}/remix")
@@ -147,7 +165,7 @@ async def remix_video(video_id: str, request: Request, svc: Services = Depends(s
     fields, _ = await read_body(request, svc.settings.max_upload_bytes, ())
     remix = validate(VideoRemix, fields)
     source = await run_in_threadpool(_get, svc, caller, video_id)
-    job = await run_in_threadpool(submit_remix, svc, caller, source, remix.prompt)
+    job = await run_in_threadpool(submit_remix, svc, caller, source, remix.prompt, remix.outputs)
     return video_object(job)
 
 
@@ -155,12 +173,13 @@ async def remix_video(video_id: str, request: Request, svc: Services = Depends(s
 async def video_events(video_id: str, request: Request, svc: Services = Depends(services),
                        caller: Caller = Depends(authenticate)):
     """Server-Sent Events: `video.<status>` on each status change, `video.progress` as steps
-    complete, `chunk.completed` as each chunk of a long video becomes downloadable, ending
-    after the terminal event (completed, failed or cancelled)."""
+    complete, as the stage turns to `encoding` and as each rendition is stored, `chunk.completed`
+    as each chunk of a long video becomes downloadable, ending after the terminal event
+    (completed, failed or cancelled)."""
     await run_in_threadpool(_get, svc, caller, video_id)
 
     async def stream():
-        last_status, last_progress, announced, idle = None, None, set(), 0.0
+        last, announced, idle = None, set(), 0.0
         while True:
             job = await run_in_threadpool(svc.store.get, video_id)
             if job is None:
@@ -173,10 +192,11 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
                                                      "frames": chunk["frames"], "drift": chunk["drift"],
                                                      "url": f"/v1/videos/{video_id}/content?variant=chunk"
                                                             f"&index={chunk['index']}"})
-            if job.status != last_status or job.progress != last_progress:
-                kind = "video.progress" if job.status == last_status else f"video.{job.status.value}"
+            now = (job.status, job.progress, job.stage)
+            if now != last:
+                kind = "video.progress" if last is not None and job.status == last[0] else f"video.{job.status.value}"
                 yield _event(kind, video_object(job))
-                last_status, last_progress, idle = job.status, job.progress, 0.0
+                last, idle = now, 0.0
             if job.status.terminal or await request.is_disconnected():
                 return
             await asyncio.sleep(EVENT_POLL_SECONDS)

@@ -1,0 +1,81 @@
+"""Renditions are job files like the MP4 and the thumbnail: stored through the Storage
+interface (a directory, or an S3 bucket on a real S3 server) with their media types, served
+from there, and deleted with the video or when it expires."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from queues import IdleQueue
+from stores import TEST_BUCKET
+
+from vidserve.api.app import create_app
+from vidserve.api.services import Services
+from vidserve.config import Settings
+from vidserve.jobs import Job, JobStatus
+from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.params import JobParams
+from vidserve.pipelines import chain
+from vidserve.renditions import OutputRequest, resolve_outputs
+from vidserve.storage import open_storage
+from vidserve.storage_s3 import s3_client
+from vidserve.telemetry import Metrics
+from vidserve.webhooks import WebhookSender, generate_secret
+from vidserve.workers.runner import JobRunner
+
+OUTPUTS = [OutputRequest(format="webm", fps=8, fps_mode="blend"), OutputRequest(format="frames"),
+           OutputRequest(format="gif")]
+
+
+@pytest.fixture(params=["local", "s3"])
+def settings(request, tmp_path):
+    if request.param == "local":
+        return Settings(data_dir=tmp_path / "data", chat_model="")
+    prefix = f"test-{uuid.uuid4().hex[:16]}/files"
+    return Settings(data_dir=tmp_path / "data", chat_model="", storage=f"s3://{TEST_BUCKET}/{prefix}",
+                    s3_endpoint_url=request.getfixturevalue("s3_url"), content_redirect=True)
+
+
+def stored(settings: Settings, video_id: str) -> list[str]:
+    """The video's files, looked up where the storage keeps them (not through it)."""
+    if settings.storage == "local":
+        folder = settings.data_dir / "files" / video_id
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
+    prefix = settings.storage.split("/", 3)[3] + f"/{video_id}/"
+    page = s3_client(settings.s3_endpoint_url).list_objects_v2(Bucket=TEST_BUCKET, Prefix=prefix)
+    return sorted(item["Key"][len(prefix):] for item in page.get("Contents", ()))
+
+
+def test_renditions_are_stored_served_and_expired_with_the_video(settings, monkeypatch, tmp_path):
+    frames = np.random.default_rng(0).integers(0, 255, (9, 48, 64, 3), dtype=np.uint8)
+    monkeypatch.setattr(chain, "generate_video", lambda request, *args, **kwargs: chain.VideoResult(
+        frames=frames, fps=request.fps, seed=request.seed))
+    storage = open_storage(settings)
+    services = Services(settings, SQLiteJobStore(tmp_path / "jobs.sqlite"), storage, IdleQueue(), Metrics(),
+                        WebhookSender(generate_secret()))
+    # Two chunks, so the runner encodes the whole MP4 itself: the stand-in generator stores no chunk.
+    params = JobParams(width=64, height=48, num_frames=9, fps=16, steps=1, guidance=1.0, seed=3, chunk_frames=(5, 5),
+                       seconds="0.5", outputs=resolve_outputs(OUTPUTS, 64, 48, 16, 9, settings))
+    job, _ = services.store.create(Job(model="wan-tiny", prompt="a fox", params=params))
+    done = JobRunner(settings, services.store, storage, worker_id="w").run(job.id)
+    assert done.status is JobStatus.completed, done.error
+    assert stored(settings, job.id) == ["outputs/frames.zip", "outputs/gif.gif", "outputs/webm.webm",
+                                        "spritesheet.jpg", "thumbnail.webp", "video.mp4"]
+
+    with TestClient(create_app(settings, services)) as client:
+        for name, media_type in (("webm", "video/webm"), ("frames", "application/zip"), ("gif", "image/gif"),
+                                 ("spritesheet", "image/jpeg")):
+            response = client.get(f"/v1/videos/{job.id}/content", params={"variant": name}, follow_redirects=False)
+            if settings.content_redirect:  # S3: the presigned URL serves the object with its own type
+                assert response.status_code == 307, response.text
+                response = httpx.get(response.headers["location"])
+            assert response.status_code == 200 and response.headers["content-type"] == media_type, name
+            assert response.content == storage.read_bytes(done.outputs[name]), name
+
+        assert services.sweeper.sweep(now=done.completed_at + settings.output_ttl + 1) == [job.id]
+        assert stored(settings, job.id) == []
+        assert client.get(f"/v1/videos/{job.id}/content", params={"variant": "webm"}).status_code == 410
