@@ -1,4 +1,4 @@
-"""Top-k block-sparse attention vs dense SDPA on this machine's CPU.
+"""Block-sparse attention vs dense SDPA on this machine's CPU.
 
 For L in {4096, 8192, 16384} tokens (grids 4x32x32, 8x32x32, 16x32x32; on request 512-2048,
 where sparsity stops paying, and the Wan 480p grid 21x30x52, L=32760, whose edge tiles are
@@ -8,7 +8,8 @@ output's cosine similarity and relative L2 error vs dense. Inputs have video-lik
 (vidserve.kernels.synthetic). Dense and sparse are timed alternately in the same process;
 the table shows medians.
 
-Two columns say how much to trust a row:
+`kept` is the mean number of key tiles a query tile keeps (of all key tiles). Two columns
+say how much to trust a row:
   mass   share of the dense attention weight (sampled queries) that falls in the kept
          tiles, and in brackets the most any choice of the same number of tiles could keep:
          how sparse the inputs are and how close the selection gets to the best selection.
@@ -16,7 +17,8 @@ Two columns say how much to trust a row:
          means another process competed for the cores and the timings are suspect.
 
     python benchmarks/attention.py [--quick] [--lengths 8192 32760 ...] [--density 0.125] [--tile 4x4x4]
-        [--query-tile 4x8x4] [--neighbours 0] [--sink] [--repeats 5] [--draws 10] [--json PATH]
+        [--query-tile 4x8x4] [--neighbours 0] [--sink] [--selection mass] [--mass 0.6]
+        [--min-density 0.08] [--max-density 0.25] [--repeats 5] [--draws 10] [--json PATH]
 
 Without options it measures sparse_attention's defaults (the other options are for ablations).
 """
@@ -24,6 +26,7 @@ Without options it measures sparse_attention's defaults (the other options are f
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -49,6 +52,8 @@ QUICK_LENGTHS = (4096, 8192)
 HEADS, HEAD_DIM = 12, 128
 MASS_SAMPLE_QUERIES = 256
 DEFAULT_JSON = Path(__file__).parent / "results" / "attention.json"
+DEFAULTS = {name: p.default for name, p in inspect.signature(sparse_attention).parameters.items()}
+SELECTION_OPTIONS = ("neighbours", "sink", "selection", "mass", "min_density", "max_density")
 
 
 def cpu_model() -> str:
@@ -68,21 +73,24 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def attention_mass_kept(q, k, grid, density, options) -> tuple[float, float]:
-    """(kept, best): mean share of dense attention weight inside the selected key tiles, and
-    inside the same number of tiles chosen with hindsight, over sampled queries of all heads."""
+def attention_mass_kept(q, k, grid, density, options) -> tuple[float, float, float]:
+    """(kept, best, tiles): mean share of dense attention weight inside the selected key tiles,
+    and inside the same number of tiles chosen with hindsight, over sampled queries of all
+    heads; and the mean number of key tiles a query tile keeps, over all query tiles and heads."""
     q_layout, k_layout = tile_layout(grid, options["query_tile"]), tile_layout(grid, options["tile"])
     q_tiles, k_tiles = q_layout.to_tiles(q), k_layout.to_tiles(k)
-    selection = select_key_tiles(
-        q_tiles, k_tiles, q_layout, k_layout, density, neighbours=options["neighbours"], sink=options["sink"]
-    )
+    selection = select_key_tiles(q_tiles, k_tiles, q_layout, k_layout, density,
+                                 **{name: options[name] for name in SELECTION_OPTIONS})
     queries = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:MASS_SAMPLE_QUERIES]
     weights = torch.softmax(q[0, :, queries].float() @ k[0].float().transpose(-1, -2) / math.sqrt(q.shape[-1]), -1)
     tile_weights = torch.zeros(HEADS, len(queries), k_layout.n_tiles).index_add_(-1, k_layout.tile_of_token(), weights)
-    kept_tiles = selection.key_tiles[0][:, q_layout.tile_of_token()[queries]]  # [heads, queries, max_kept]
-    kept = tile_weights.gather(-1, kept_tiles).sum(-1).mean().item()
-    best = tile_weights.topk(selection.max_kept, dim=-1).values.sum(-1).mean().item()
-    return kept, best
+    query_tiles = q_layout.tile_of_token()[queries]
+    kept_tiles = selection.key_tiles[0][:, query_tiles]  # [heads, queries, max_kept]
+    used = torch.arange(selection.max_kept) < selection.counts[0][:, query_tiles, None]
+    kept = (tile_weights.gather(-1, kept_tiles) * used).sum(-1).mean().item()
+    best_first = tile_weights.sort(dim=-1, descending=True).values[..., : selection.max_kept]
+    best = (best_first * used).sum(-1).mean().item()
+    return kept, best, selection.counts.float().mean().item()
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -106,7 +114,7 @@ def measure(length: int, dtype: torch.dtype, density: float, options: dict, repe
             wall_total, cpu_total = wall_total + wall, cpu_total + cpu
 
     dense64, sparse64 = dense.double().flatten(), sparse.double().flatten()
-    mass_kept, mass_best = attention_mass_kept(q, k, grid, density, options)
+    mass_kept, mass_best, kept_tiles = attention_mass_kept(q, k, grid, density, options)
     cosines = [cosine(sparse, dense)]
     for seed in range(1, draws):
         q, k, v = video_like_qkv(1, HEADS, grid, HEAD_DIM, dtype=dtype, seed=seed)
@@ -123,6 +131,8 @@ def measure(length: int, dtype: torch.dtype, density: float, options: dict, repe
         "cosine_worst": round(min(cosines), 5),
         "cosine_median": round(statistics.median(cosines), 5),
         "cosines": [round(c, 5) for c in cosines],
+        "kept_tiles": round(kept_tiles, 1),
+        "key_tiles": tile_layout(grid, options["tile"]).n_tiles,
         "rel_l2": round(((sparse64 - dense64).norm() / dense64.norm()).item(), 4),
         "mass_kept": round(mass_kept, 3),
         "mass_best": round(mass_best, 3),
@@ -140,11 +150,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"L in {QUICK_LENGTHS} and 3 repeats (under a minute)")
     parser.add_argument("--lengths", type=int, nargs="+", choices=tuple(GRIDS), default=DEFAULT_LENGTHS)
-    parser.add_argument("--density", type=float, default=0.125)
+    parser.add_argument("--density", type=float, default=DEFAULTS["density"])
     parser.add_argument("--tile", type=triple, default=(4, 4, 4), help="key tile, e.g. 4x4x4")
     parser.add_argument("--query-tile", type=triple, default=None, help="default: sparse_attention's")
     parser.add_argument("--neighbours", type=int, default=0)
     parser.add_argument("--sink", action="store_true")
+    parser.add_argument("--selection", choices=("topk", "mass"), default=DEFAULTS["selection"])
+    parser.add_argument("--mass", type=float, default=DEFAULTS["mass"], help="--selection mass: attention to keep")
+    parser.add_argument("--min-density", type=float, default=DEFAULTS["min_density"], help="--selection mass")
+    parser.add_argument("--max-density", type=float, default=DEFAULTS["max_density"], help="--selection mass")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--draws", type=int, default=1, help="draws of the synthetic inputs (seeds 0, 1, ...) for "
                         "fidelity: the table's cosine is the worst, with the median beside it")
@@ -157,13 +171,17 @@ def main() -> None:
         query_tile=args.query_tile or default_query_tile(args.tile),
         neighbours=args.neighbours,
         sink=args.sink,
+        selection=args.selection,
+        mass=args.mass,
+        min_density=args.min_density,
+        max_density=args.max_density,
     )
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()}; B=1, heads {HEADS}, "
           f"head_dim {HEAD_DIM}; density {args.density}, {options}; medians of {repeats}; {args.draws} draw(s); "
           f"load average before: {os.getloadavg()[0]:.2f}")
     header = f"{'L':>6} {'grid':>9} {'dtype':>8} {'dense ms':>9} {'sparse ms':>10} {'speedup':>8} " \
-             f"{'cosine':>8} {'median':>8} {'rel L2':>7} {'mass (best)':>13} {'cpu':>5}"
+             f"{'kept':>8} {'cosine':>8} {'median':>8} {'rel L2':>7} {'mass (best)':>13} {'cpu':>5}"
     print(header)
     print("-" * len(header))
     rows = []
@@ -173,7 +191,8 @@ def main() -> None:
             rows.append(row)
             grid = "x".join(map(str, row["grid"]))
             print(f"{length:>6} {grid:>9} {row['dtype']:>8} {row['dense_ms']:>9.1f} {row['sparse_ms']:>10.1f} "
-                  f"{row['speedup']:>7.2f}x {row['cosine_worst']:>8.4f} {row['cosine_median']:>8.4f} "
+                  f"{row['speedup']:>7.2f}x {row['kept_tiles']:>4.1f}/{row['key_tiles']:<3} "
+                  f"{row['cosine_worst']:>8.4f} {row['cosine_median']:>8.4f} "
                   f"{row['rel_l2']:>7.3f} "
                   f"{row['mass_kept']:>6.3f} ({row['mass_best']:.3f}) {row['cpu_share']:>5.2f}", flush=True)
 

@@ -20,8 +20,8 @@ FRAME_HELDOUT for frames). Sections:
   frame with and without drift correction, and from the prompt alone with it; adherence and
   drift per chunk, and the chains kept per first prompt.
 - fidelity: t2v adherence for dense attention, top-k at densities 0.25 and 0.125 (with the
-  default 4x4x4 tiles and with 1x4x4), and step caching, all on the same prompts and seeds,
-  with seconds per clip.
+  default 4x4x4 tiles and with 1x4x4), top-k with dense first steps or a dense first block,
+  mass selection, and step caching, all on the same prompts and seeds, with seconds per clip.
 - vlm: captions and answers from vlm-shapes through POST /v1/chat/completions.
 - lora (not in the default --only): a LoRA adapter (--adapter, by default
   vidserve/weights/wan-shapes-purple) on held-out purple prompts (shapes_world.PURPLE_HELDOUT:
@@ -71,19 +71,29 @@ SEED = 2026  # the eval set: never a training seed
 ADAPTER = "wan-shapes-purple"  # its adapter_name in the pipeline
 ADAPTER_FOLDER = Path(__file__).resolve().parents[1] / "vidserve" / "weights" / ADAPTER
 ATTRIBUTES = ("colour", "shape", "motion", "background")
+TOPK = {"mode": "topk", "selection": "topk", "min_tokens": 0}
+TOPK_SMALL_TILES = {**TOPK, "density": 0.125, "tile": (1, 4, 4)}
 VARIANTS = {
     "dense": {},
-    # The top-k rows force sparsity (min_tokens 0): with default options this model's 320 tokens
+    # The sparse rows force sparsity (min_tokens 0): with default options this model's 320 tokens
     # run dense, which the "top-k, default options" row shows.
     "top-k, default options": {"attention": {"mode": "topk"}},
-    "top-k 0.25": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.25}},
-    "top-k 0.125": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.125}},
+    "top-k 0.25": {"attention": {**TOPK, "density": 0.25}},
+    "top-k 0.125": {"attention": {**TOPK, "density": 0.125}},
     # This model's 5x8x8 token grid is only 8 tiles of 4x4x4, and a query tile (4x8x4) always
     # keeps the 2 it covers, so 0.125 keeps what 0.25 does; 1x4x4 tiles make 20 key tiles.
-    "top-k 0.25, 1x4x4 tiles": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.25, "tile": (1, 4, 4)}},
-    "top-k 0.125, 1x4x4 tiles": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.125, "tile": (1, 4, 4)}},
+    "top-k 0.25, 1x4x4 tiles": {"attention": {**TOPK, "density": 0.25, "tile": (1, 4, 4)}},
+    "top-k 0.125, 1x4x4 tiles": {"attention": TOPK_SMALL_TILES},
+    # What the dense guards buy back: the first steps (of 20) or the first block run dense.
+    "top-k 0.125, 1x4x4 tiles, 4 dense steps": {"attention": {**TOPK_SMALL_TILES, "dense_steps": 4}},
+    "top-k 0.125, 1x4x4 tiles, 8 dense steps": {"attention": {**TOPK_SMALL_TILES, "dense_steps": 8}},
+    "top-k 0.125, 1x4x4 tiles, 1 dense block": {"attention": {**TOPK_SMALL_TILES, "dense_layers": 1}},
+    "top-k 0.125, 1x4x4 tiles, 4 dense steps + 1 dense block": {
+        "attention": {**TOPK_SMALL_TILES, "dense_steps": 4, "dense_layers": 1}},
+    "mass selection, 1x4x4 tiles": {"attention": {"mode": "topk", "selection": "mass", "min_tokens": 0,
+                                                   "tile": (1, 4, 4)}},
     "dense + TaylorSeer cache": {"cache": {"kind": "taylorseer", "interval": 3, "warmup_steps": 3}},
-    "top-k 0.125 + TaylorSeer cache": {"attention": {"mode": "topk", "min_tokens": 0, "density": 0.125},
+    "top-k 0.125 + TaylorSeer cache": {"attention": {**TOPK, "density": 0.125},
                                        "cache": {"kind": "taylorseer", "interval": 3, "warmup_steps": 3}},
 }
 

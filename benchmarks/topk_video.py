@@ -39,12 +39,13 @@ def main() -> None:
 
     spec = resolve("wan-tiny")
     pipeline = get_pipeline(spec, "cpu", "float32")
+    topk = {"mode": "topk", "selection": "topk"}  # the same share of key tiles for every query tile
     variants = {
         "dense": {"mode": "dense"},
-        "topk 1.0": {"mode": "topk", "density": 1.0},
-        "topk 0.25": {"mode": "topk", "density": 0.25},
-        "topk 0.125": {"mode": "topk", "density": 0.125},
-        "topk 0.125, 2 dense steps": {"mode": "topk", "density": 0.125, "dense_steps": 2},
+        "topk 1.0": {**topk, "density": 1.0},
+        "topk 0.25": {**topk, "density": 0.25},
+        "topk 0.125": {**topk, "density": 0.125},
+        "topk 0.125, 2 dense steps": {**topk, "density": 0.125, "dense_steps": 2},
     }
     results, reference = [], None
     grid = spec.token_grid(args.frames, *map(int, args.size.split("x")))

@@ -62,7 +62,8 @@ class TopKSelfAttnProcessor:
         else:
             o, self.state.ran_sparse = self.state.options, True
             out = sparse_attention(query, key, value, self.state.grid, density=o.density, tile=o.tile,
-                                   neighbours=o.neighbours, sink=o.sink)
+                                   neighbours=o.neighbours, sink=o.sink, selection=o.selection, mass=o.mass,
+                                   min_density=o.min_density, max_density=o.max_density)
         out = out.transpose(1, 2).flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
 

@@ -2,7 +2,7 @@
 
     q, k, v [B, heads, L, d], tokens in row-major (f, h, w) order over grid (F, H, W)
       -> tile order (one copy each)            tiles.py
-      -> top-k key tiles per query tile        selection.py
+      -> key tiles per query tile              selection.py
       -> block-sparse attention over them      sparse_triton.py | sparse_torch.py | reference.py
       -> token order (one copy)                tiles.py
 
@@ -23,7 +23,7 @@ import torch
 
 from .dense import dense_attention
 from .reference import block_sparse_attention_reference
-from .selection import select_key_tiles
+from .selection import Selection, select_key_tiles
 from .sparse_torch import block_sparse_attention_torch
 from .sparse_triton import block_sparse_attention_triton, triton_available
 from .tiles import Triple, tile_layout
@@ -48,13 +48,18 @@ def sparse_attention(
     sink: bool = False,
     backend: str | None = None,
     query_tile: Triple | None = None,
+    selection: Selection = "mass",
+    mass: float = 0.6,
+    min_density: float = 0.08,
+    max_density: float = 0.25,
 ) -> torch.Tensor:
-    """Top-k block-sparse self-attention over a (F, H, W) video token grid.
+    """Block-sparse self-attention over a (F, H, W) video token grid.
 
     q, k, v: [B, heads, L, d] with L = F*H*W tokens in row-major (f, h, w) order.
     Returns [B, heads, L, d] in the same order, like `scaled_dot_product_attention`.
 
     density: fraction of key tiles each query tile keeps (k = ceil(density * n_key_tiles));
+        with selection "mass", the bound on the average over query tiles and heads instead.
         >= 1.0 is exact dense attention.
     tile: key tile shape in tokens (tf, th, tw); any grid size works, edge tiles are padded.
     neighbours: also always keep the key tiles within this many tiles (on every axis) of
@@ -68,8 +73,11 @@ def sparse_attention(
     backend: "triton" (CUDA), "torch", "reference" (masked dense, slow) or None: triton on
         CUDA when installed, torch otherwise.
     query_tile: query tile shape; None = `tile` with its height doubled.
+    selection: "topk" keeps k tiles per query tile; "mass" keeps, per query tile and head,
+        tiles until their pooled attention mass reaches `mass`, between `min_density` and
+        `max_density` of the key tiles, at most k per query tile on average (selection.py).
 
-    Always-kept tiles count toward the budget: each query tile keeps
+    Always-kept tiles count toward the budget: with "topk" each query tile keeps
     max(k, number of always-kept tiles) key tiles, the always-kept ones first.
     """
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
@@ -86,13 +94,14 @@ def sparse_attention(
     q_layout = tile_layout(grid, query_tile, q.device)
     k_layout = tile_layout(grid, tile, q.device)
     q_tiles, k_tiles = q_layout.to_tiles(q), k_layout.to_tiles(k)
-    selection = select_key_tiles(q_tiles, k_tiles, q_layout, k_layout, density, neighbours=neighbours, sink=sink)
+    kept = select_key_tiles(q_tiles, k_tiles, q_layout, k_layout, density, neighbours=neighbours, sink=sink,
+                            selection=selection, mass=mass, min_density=min_density, max_density=max_density)
 
     if backend == "reference":
-        return block_sparse_attention_reference(q, k, v, selection, q_layout, k_layout)
+        return block_sparse_attention_reference(q, k, v, kept, q_layout, k_layout)
     v_tiles = k_layout.to_tiles(v)
     if backend == "triton":
-        out_tiles = block_sparse_attention_triton(q_tiles, k_tiles, v_tiles, selection, k_layout)
+        out_tiles = block_sparse_attention_triton(q_tiles, k_tiles, v_tiles, kept, k_layout)
     else:
-        out_tiles = block_sparse_attention_torch(q_tiles, k_tiles, v_tiles, selection, k_layout)
+        out_tiles = block_sparse_attention_torch(q_tiles, k_tiles, v_tiles, kept, k_layout)
     return q_layout.from_tiles(out_tiles)

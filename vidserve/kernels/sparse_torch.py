@@ -7,6 +7,10 @@ chunk, then bmm -> softmax -> bmm runs over the chunk as one batch. Plain bmm/so
 beats SDPA on these gathered blocks on CPU (most clearly in bf16). Chunks are small enough
 for the gathered K/V to stay in cache, and every chunk reuses the same buffers.
 
+Query tiles may keep different numbers of key tiles ("mass" selection). Rows (batch, head,
+query tile) are ordered by their count and chunked among rows of the same count, so each
+chunk gathers and multiplies exactly the tiles its rows keep and no work goes to padding.
+
 Threads: on CPU, each of `torch.get_num_threads()` Python threads takes chunks from a
 shared queue and runs its ops single-threaded, instead of every op splitting across all
 threads. Same speed on an idle machine, but no barrier after each of the ~1000 ops per
@@ -47,34 +51,45 @@ def block_sparse_attention_torch(
     n_rows = b * h * n_q
     on_cpu = q_tiles.device.type == "cpu"
 
+    # Rows by descending count (the longest lists first, so the threads finish together);
+    # the chunk plan needs the counts on the host, the one device-to-host copy of this path.
+    counts = selection.counts.reshape(n_rows)
+    order = counts.argsort(descending=True, stable=True)
+    rows_per_count = torch.bincount(counts, minlength=kept + 1).tolist()
+    if chunk_bytes is None:
+        chunk_bytes = CPU_CHUNK_BYTES if on_cpu else GPU_CHUNK_BYTES
+    tile_bytes = 2 * t_k * d * k_tiles.element_size()  # one gathered key + value tile
+    chunks, stop = [], 0  # (start, stop, count) in `order`
+    for count in range(kept, 0, -1):
+        start, stop = stop, stop + rows_per_count[count]
+        step = max(1, chunk_bytes // (count * tile_bytes))
+        chunks += [(i, min(i + step, stop), count) for i in range(start, stop, step)]
+
     # One flat batch of (batch, head, tile) rows; a kept key tile's row is bh * n_k + id.
+    kv_rows = selection.key_tiles + torch.arange(b * h, device=q_tiles.device).view(b, h, 1, 1) * n_k
     attend = _ChunkAttention(
         q_rows=q_tiles.reshape(n_rows, t_q, d),
         k_rows=k_tiles.reshape(b * h * n_k, t_k, d),
         v_rows=v_tiles.reshape(b * h * n_k, t_k, d),
-        kv_rows=(selection.key_tiles + torch.arange(b * h, device=q_tiles.device).view(b, h, 1, 1) * n_k).reshape(
-            n_rows, kept
-        ),
-        key_tiles=selection.key_tiles.reshape(n_rows, kept),
-        counts=selection.counts.reshape(n_rows),
+        order=order,
+        kv_rows=kv_rows.reshape(n_rows, kept)[order],
+        key_tiles=selection.key_tiles.reshape(n_rows, kept)[order],
         k_layout=k_layout,
+        most_rows=max(stop - start for start, stop, _ in chunks),
+        most_tiles=max((stop - start) * count for start, stop, count in chunks),
     )
-
-    if chunk_bytes is None:
-        chunk_bytes = CPU_CHUNK_BYTES if on_cpu else GPU_CHUNK_BYTES
-    chunk = max(1, min(n_rows, chunk_bytes // (2 * kept * t_k * d * k_tiles.element_size())))
-    starts = iter(range(0, n_rows, chunk))
+    queue = iter(chunks)
     intra_op_threads = torch.get_num_threads()
-    threads = min(intra_op_threads, -(-n_rows // chunk)) if on_cpu else 1
+    threads = min(intra_op_threads, len(chunks)) if on_cpu else 1
     if threads == 1:
-        attend.run(starts, chunk)
+        attend.run(queue)
         return attend.out.view(b, h, n_q, t_q, d)
 
     claim = threading.Lock()
 
-    def next_start():
+    def next_chunk():
         with claim:
-            return next(starts, None)
+            return next(queue, None)
 
     # Autograd and inference mode are thread-local: the workers take the caller's, so
     # inference tensors (a pipeline runs under torch.inference_mode) can be written.
@@ -85,7 +100,7 @@ def block_sparse_attention_torch(
         # for threads created later, which the caller restores below.
         torch.set_num_threads(1)
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            attend.run(iter(next_start, None), chunk)
+            attend.run(iter(next_chunk, None))
 
     try:
         with ThreadPoolExecutor(threads) as pool:
@@ -97,54 +112,49 @@ def block_sparse_attention_torch(
 
 
 class _ChunkAttention:
-    """Attention of chunks of query rows over their gathered key/value tiles, into `out`."""
+    """Attention of chunks of query rows over their gathered key/value tiles, into `out`.
 
-    def __init__(self, q_rows, k_rows, v_rows, kv_rows, key_tiles, counts, k_layout: TileLayout):
-        self.q_rows, self.k_rows, self.v_rows, self.kv_rows = q_rows, k_rows, v_rows, kv_rows
-        self.key_tiles = key_tiles
+    Row lists (`kv_rows`, `key_tiles`) are in `order`, so a chunk is a slice of them."""
+
+    def __init__(self, q_rows, k_rows, v_rows, order, kv_rows, key_tiles, k_layout: TileLayout,
+                 most_rows: int, most_tiles: int):
+        self.q_rows, self.k_rows, self.v_rows = q_rows, k_rows, v_rows
+        self.order, self.kv_rows, self.key_tiles = order, kv_rows, key_tiles
         self.out = torch.empty_like(q_rows)
         self.scale = q_rows.shape[-1] ** -0.5
-        # Key slots that must get no weight get -inf added to their scores: padded slots of
-        # edge tiles, and list entries past a query tile's count. Usually there are neither.
+        # Padded slots of edge key tiles get -inf added to their scores; usually there are none.
         self.padding_bias = _padding_bias(k_layout, q_rows.dtype)
-        unused = torch.arange(kv_rows.shape[1], device=counts.device) >= counts[:, None]
-        self.unused = unused if bool(unused.any()) else None
+        self.most_rows, self.most_tiles = most_rows, most_tiles
 
-    def run(self, starts, chunk: int) -> None:
-        """Attend every chunk of rows [start, start + chunk) for start in `starts`."""
-        (_, t_q, d), (_, t_k, _), kept = self.q_rows.shape, self.k_rows.shape, self.kv_rows.shape[1]
-        n_rows = self.q_rows.shape[0]
+    def run(self, chunks) -> None:
+        """Attend every chunk (start, stop, count): rows order[start:stop], each over its
+        first `count` key tiles."""
+        (_, t_q, d), (_, t_k, _) = self.q_rows.shape, self.k_rows.shape
         # Buffers reused by every chunk: fresh multi-MiB tensors per chunk come straight from
         # the OS, and their page faults cost as much as the matmuls.
-        k_buffer = self.q_rows.new_empty(chunk * kept, t_k, d)
-        v_buffer = self.q_rows.new_empty(chunk * kept, t_k, d)
-        q_buffer = self.q_rows.new_empty(chunk, t_q, d)
-        scores_buffer = self.q_rows.new_empty(chunk, t_q, kept * t_k)
-        for start in starts:
-            stop = min(start + chunk, n_rows)
-            rows = stop - start
-            kv_ids = self.kv_rows[start:stop].flatten()
-            k = torch.index_select(self.k_rows, 0, kv_ids, out=k_buffer[: rows * kept]).view(rows, kept * t_k, d)
-            v = torch.index_select(self.v_rows, 0, kv_ids, out=v_buffer[: rows * kept]).view(rows, kept * t_k, d)
-            # q has d columns, the scores kept * t_k: q is the cheaper place for the softmax scale.
-            q = torch.mul(self.q_rows[start:stop], self.scale, out=q_buffer[:rows])
-            scores = scores_buffer[:rows]
-            if self.padding_bias is None and self.unused is None:
-                torch.bmm(q, k.transpose(1, 2), out=scores)
+        k_buffer = self.q_rows.new_empty(self.most_tiles * t_k * d)
+        v_buffer = self.q_rows.new_empty(self.most_tiles * t_k * d)
+        q_buffer = self.q_rows.new_empty(self.most_rows * t_q * d)
+        out_buffer = self.q_rows.new_empty(self.most_rows * t_q * d)
+        scores_buffer = self.q_rows.new_empty(self.most_tiles * t_q * t_k)
+        for start, stop, count in chunks:
+            rows, width = stop - start, count * t_k
+            kv_ids = self.kv_rows[start:stop, :count].flatten()
+            row_ids = self.order[start:stop]
+            k = torch.index_select(self.k_rows, 0, kv_ids, out=k_buffer[: rows * width * d].view(-1, t_k, d))
+            v = torch.index_select(self.v_rows, 0, kv_ids, out=v_buffer[: rows * width * d].view(-1, t_k, d))
+            k, v = k.view(rows, width, d), v.view(rows, width, d)
+            q = torch.index_select(self.q_rows, 0, row_ids, out=q_buffer[: rows * t_q * d].view(rows, t_q, d))
+            scores = scores_buffer[: rows * t_q * width].view(rows, t_q, width)
+            # The softmax scale is the matmul's alpha: free, unlike a pass over q or the scores.
+            if self.padding_bias is None:
+                torch.baddbmm(scores, q, k.transpose(1, 2), beta=0, alpha=self.scale, out=scores)
             else:
-                torch.baddbmm(self._bias(start, stop, t_k), q, k.transpose(1, 2), out=scores)
-            torch.bmm(torch.softmax(scores, dim=-1, out=scores), v, out=self.out[start:stop])
-
-    def _bias(self, start: int, stop: int, t_k: int) -> torch.Tensor:
-        """[rows, 1, kept * Tk] additive bias of the gathered key slots of rows start:stop."""
-        rows, kept = stop - start, self.key_tiles.shape[1]
-        if self.padding_bias is None:
-            bias = self.q_rows.new_zeros(rows, kept, t_k)
-        else:
-            bias = self.padding_bias.index_select(0, self.key_tiles[start:stop].flatten()).view(rows, kept, t_k)
-        if self.unused is not None:
-            bias.masked_fill_(self.unused[start:stop, :, None], float("-inf"))
-        return bias.view(rows, 1, kept * t_k)
+                bias = self.padding_bias.index_select(0, self.key_tiles[start:stop, :count].flatten())
+                torch.baddbmm(bias.view(rows, 1, width), q, k.transpose(1, 2), alpha=self.scale, out=scores)
+            out = out_buffer[: rows * t_q * d].view(rows, t_q, d)
+            torch.bmm(torch.softmax(scores, dim=-1, out=scores), v, out=out)
+            self.out.index_copy_(0, row_ids, out)
 
 
 def _padding_bias(k_layout: TileLayout, dtype: torch.dtype) -> torch.Tensor | None:
