@@ -4,8 +4,9 @@
 #   OUT=/tmp/out bash benchmarks/gpu.sh                 # from anywhere; PYTHON=... picks the interpreter
 #   SMALL=1 OUT=/tmp/out bash benchmarks/gpu.sh         # check this script on a CPU (tiny shapes, seconds)
 #
-# What comes back under $OUT (default benchmarks/results/gpu), five files:
+# What comes back under $OUT (default benchmarks/results/gpu), six files:
 #   env.log                nvidia-smi summary; python, torch, CUDA, triton, diffusers versions
+#   preflight.log          `vidserve check --gpu`: one line per step, before any benchmark
 #   gpu_attention.{log,json}  Triton block-sparse attention vs SDPA flash, Wan2.1-1.3B shapes (L=32760)
 #   gpu_steps.{log,json}   Wan2.1-1.3B and 14B transformers (random bf16 weights) at 480x832x81:
 #                          s per denoising step dense / topk / cache / topk+cache, attention
@@ -55,9 +56,12 @@ PY
 
 status=0
 if [[ "${SMALL:-0}" == 1 ]]; then
-  echo "SMALL=1: skipping gpu_attention.py (needs a GPU)" | tee "$OUT/gpu_attention.log"
+  echo "SMALL=1: skipping the GPU preflight and gpu_attention.py (they need a GPU)" | tee "$OUT/gpu_attention.log"
   steps_args=(--small)
 else
+  # Seconds, not minutes of device time: a GPU, Triton's launcher, and the kernel against a reference.
+  (cd "$site" && timeout 120 "$PYTHON" -m vidserve.cli check --gpu) 2>&1 | tee "$OUT/preflight.log" \
+    || { echo "gpu.sh: the preflight failed (see $OUT/preflight.log); no benchmark started" >&2; exit 3; }
   timeout 90 "$PYTHON" benchmarks/gpu_attention.py --json "$OUT/gpu_attention.json" 2>&1 \
     | tee "$OUT/gpu_attention.log" || status=$?
   echo "gpu_attention.py: exit $status, $((SECONDS - start)) s so far" | tee -a "$OUT/gpu_attention.log"

@@ -209,9 +209,14 @@ def bench_model(result: dict, config: dict, latents: tuple, text_tokens: int, ar
           f"~{result['forward_tflop']} TFLOP per forward; built in {result['build_s']} s", flush=True)
     with torch.inference_mode():
         # Attention alone first: seconds, and it survives a variant below running out of memory.
+        # A kernel failure here is recorded and the variants still run (dense and cache need no kernel).
         tic = time.perf_counter()
-        result["attention"] = attention_figures(config["num_attention_heads"], config["attention_head_dim"], grid,
-                                                args.density, args.repeats, device, dtype)
+        try:
+            result["attention"] = attention_figures(config["num_attention_heads"], config["attention_head_dim"],
+                                                    grid, args.density, args.repeats, device, dtype)
+        except Exception as error:
+            traceback.print_exc()
+            result["attention"] = {"error": f"{type(error).__name__}: {error}"[:500]}
         print(f"attention alone: {result['attention']} ({time.perf_counter() - tic:.1f} s)", flush=True)
         save()
         sparse, calls = SparseAttention([model]), count_block_calls(model)
@@ -255,7 +260,10 @@ def print_tables(results: list[dict]) -> None:
     print(f"\n{'model':>6} {'heads':>6} {'L':>6} {'dense ms':>9} {'TFLOP/s':>8} {'sparse ms':>10} {'TFLOP/s':>8} "
           f"{'kept':>8} {'speedup':>8}")
     for r in results:
-        if a := r.get("attention"):
+        a = r.get("attention")
+        if a and "error" in a:
+            print(f"{r['model']:>6} {a['error']}")
+        elif a:
             print(f"{r['model']:>6} {a['heads']:>6} {a['tokens']:>6} {a['dense_ms']:>9.2f} {a['dense_tflops']:>8.1f} "
                   f"{a['sparse_ms']:>10.2f} {a['sparse_tflops']:>8.1f} {a['kept_tiles']:>5.1f}/{a['key_tiles']:<4} {a['speedup']:>7.2f}x")
     print("(sparse TFLOP/s counts only kept tile pairs, padding included, over the whole sparse_attention call.)")

@@ -56,6 +56,8 @@ BAD_JSON = {
                                "attention.mode"),
     "density above 1": ({"model": "wan-tiny", "prompt": "x", "attention": {"density": 2}}, 400,
                          "attention.density"),
+    "tile the GPU kernel cannot run": ({"model": "wan-tiny", "prompt": "x", "attention": {"tile": [4, 8, 8]}}, 400,
+                                       "attention.tile"),
     "attention not an object": ({"model": "wan-tiny", "prompt": "x", "attention": "topk"}, 400, "attention"),
     "bad data url": ({"model": "wan-tiny-i2v", "prompt": "x", "input_reference": {"image_url": "data:image/png;"
                                                                                   "base64,@@@"}}, 400,

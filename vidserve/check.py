@@ -32,10 +32,10 @@ def run_checks(settings: Settings, models: Iterable[str], place: Placement, redi
     checks.append(("storage", lambda: _storage(settings)))
     checks += [(f"model {name}", lambda name=name: _model(name)) for name in dict.fromkeys(models)]
     checks.append(("device", lambda: _device(settings, place)))
-    return [_attempt(name, check) for name, check in checks]
+    return [attempt(name, check) for name, check in checks]
 
 
-def _attempt(name: str, check: Callable[[], str]) -> Result:
+def attempt(name: str, check: Callable[[], str]) -> Result:
     try:
         return Result(name, True, check())
     except VidserveError as exc:

@@ -255,6 +255,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.gpu:
+        return _check_gpu(args.device if args.device and args.device.startswith("cuda") else "cuda")
     from vidserve.check import run_checks
     from vidserve.pipelines.devices import placement
 
@@ -264,6 +266,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     for result in results:
         print(result.line())
     return 0 if all(result.ok for result in results) else 1
+
+
+def _check_gpu(device: str) -> int:
+    from vidserve.gpu_check import run_gpu_checks
+
+    results = run_gpu_checks(device)
+    for result in results:
+        print(result.line(), flush=True)
+    if not all(result.ok for result in results):
+        print("vidserve check --gpu: FAILED; the GPU kernels cannot run on this machine as it is", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _device(value: str) -> str:
@@ -420,6 +434,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     check.add_argument("--model", action="append", help="a model to check besides the default one, by registry "
                        f"name or local folder (repeatable; default: only {s.default_model})")
     _add_placement_flags(check, s)
+    check.add_argument("--gpu", action="store_true", help="instead, check that the GPU kernels run here: a "
+                       "trivial Triton kernel, then the block-sparse attention kernel on a tiny bf16 case against "
+                       "an fp32 reference (on --device cuda:N, default cuda)")
     check.set_defaults(func=cmd_check)
 
     hash_key = sub.add_parser("hash-key", help="print a keys-file entry for an API key (its SHA-256)",

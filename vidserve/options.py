@@ -11,6 +11,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+# The largest key tile the Triton kernel runs on a GPU (and its default query tile, twice as
+# tall, the largest query tile): vidserve/kernels/support.py builds its table from this, and
+# tests/test_triton_sm90.py compiles it for sm_90 and sm_80 to check that it fits.
+MAX_TILE_TOKENS = 64
+
+
 class AttentionOptions(BaseModel):
     """Self-attention over the video tokens: dense, or training-free block-sparse over 3D tiles.
 
@@ -51,6 +57,10 @@ class AttentionOptions(BaseModel):
     def _tile_in_range(cls, tile: tuple[int, int, int]) -> tuple[int, int, int]:
         if any(not 1 <= t <= 16 for t in tile):
             raise ValueError("tile sizes must be between 1 and 16 tokens")
+        if tile[0] * tile[1] * tile[2] > MAX_TILE_TOKENS:
+            # Refused everywhere, also on CPU workers: the API cannot know which worker runs a job.
+            raise ValueError(f"a tile may hold at most {MAX_TILE_TOKENS} tokens (its query tile twice that), "
+                             f"the most the GPU kernel runs; {tile} holds {tile[0] * tile[1] * tile[2]}")
         return tile
 
     @model_validator(mode="after")

@@ -19,6 +19,8 @@ the tile-padded heights (30 -> 32) are, so no extra padding is computed.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .dense import dense_attention
@@ -26,9 +28,19 @@ from .reference import block_sparse_attention_reference
 from .selection import Selection, select_key_tiles
 from .sparse_torch import block_sparse_attention_torch
 from .sparse_triton import block_sparse_attention_triton, triton_available
+from .support import UnsupportedTile, launch_config
 from .tiles import Triple, tile_layout
 
 BACKENDS = ("triton", "torch", "reference")
+
+
+def _triton_runs(q: torch.Tensor, query_tile: Triple, tile: Triple) -> bool:
+    """Whether the Triton kernel supports these tiles in q's dtype on a GPU (fp32 it does not)."""
+    try:
+        launch_config(math.prod(query_tile), math.prod(tile), q.shape[-1], q.dtype)
+    except UnsupportedTile:
+        return False
+    return True
 
 
 def default_query_tile(tile: Triple) -> Triple:
@@ -71,7 +83,8 @@ def sparse_attention(
         neighbours that matter anyway, since they score high when content is local.
     sink: also always keep the key tiles of the first frame.
     backend: "triton" (CUDA), "torch", "reference" (masked dense, slow) or None: triton on
-        CUDA when installed, torch otherwise.
+        CUDA when installed and its kernel supports the tiles and dtype (support.py: bf16,
+        fp16), torch otherwise.
     query_tile: query tile shape; None = `tile` with its height doubled.
     selection: "topk" keeps k tiles per query tile; "mass" keeps, per query tile and head,
         tiles until their pooled attention mass reaches `mass`, between `min_density` and
@@ -84,13 +97,13 @@ def sparse_attention(
         raise ValueError(f"q, k, v must all be [batch, heads, L, head_dim], got {q.shape}, {k.shape}, {v.shape}")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if query_tile is None:
+        query_tile = default_query_tile(tile)
     if backend is None:
         if density >= 1.0:
             return dense_attention(q, k, v)
-        backend = "triton" if q.is_cuda and triton_available() else "torch"
+        backend = "triton" if q.is_cuda and triton_available() and _triton_runs(q, query_tile, tile) else "torch"
 
-    if query_tile is None:
-        query_tile = default_query_tile(tile)
     q_layout = tile_layout(grid, query_tile, q.device)
     k_layout = tile_layout(grid, tile, q.device)
     q_tiles, k_tiles = q_layout.to_tiles(q), k_layout.to_tiles(k)
