@@ -269,7 +269,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_gpu(device: str) -> int:
-    from vidserve.gpu_check import run_gpu_checks
+    from vidserve.kernels.gpu_check import run_gpu_checks
 
     results = run_gpu_checks(device)
     for result in results:
