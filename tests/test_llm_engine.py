@@ -192,6 +192,22 @@ def test_a_part_prefilled_sequence_can_be_aborted(model):
         engine.stop()
 
 
+def test_starting_twice_runs_one_loop(model):
+    def loops() -> int:
+        return sum(t.name == "llm-engine" and t.is_alive() for t in threading.enumerate())
+
+    before = loops()  # other tests' engines may still run
+    engine = LLMEngine(model)
+    engine.start()
+    try:
+        engine.start()
+        assert loops() == before + 1
+        _, out = engine.generate(text_prompt(model), params(max_tokens=3, ignore_eos=True), timeout=10)
+        assert out.completion_tokens == 3
+    finally:
+        engine.stop()
+
+
 def test_seed_reproduces_and_different_seeds_differ(engine, model):
     p = text_prompt(model)
     a, _ = engine.generate(p, params(seed=11))

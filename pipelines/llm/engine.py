@@ -114,6 +114,10 @@ class LLMEngine:
     # -- the loop --------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the loop thread; a second call while it runs is a no-op (an app's lifespan may
+        start services that were already started): two loops would step one batch at once."""
+        if self._thread is not None and self._thread.is_alive():
+            return
         self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self._thread.start()
 
