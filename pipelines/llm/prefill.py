@@ -113,7 +113,8 @@ class PackedPrefill:
         cached = pieces[0].start  # only the first piece (row 0, column 0) can continue a cut prompt
         rows, width = pieces[-1].row + 1, max(p.end for p in pieces)
         cache = self._past(rows) if cached else DynamicCache()
-        embeds = self._embeds[pieces[0].seq.id].new_zeros(rows, width, self._embeds[pieces[0].seq.id].shape[-1])
+        sample = self._embeds[pieces[0].seq.id]
+        embeds = sample.new_zeros(rows, width, sample.shape[-1])  # padding slots stay zero
         for p in pieces:
             embeds[p.row, p.at:p.end] = self._embeds[p.seq.id][p.start:p.stop]
         done = [p for p in pieces if p.done]
