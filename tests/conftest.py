@@ -109,7 +109,7 @@ class Backend:
 
 def _embedded(tmp_path_factory) -> Iterator[Backend]:
     data = tmp_path_factory.mktemp("embedded") / "data"
-    server = Server(data, env={**FAST_LEASE, **LOOPBACK_WEBHOOKS}).start()
+    server = Server(data, env=LOOPBACK_WEBHOOKS).start()
     try:
         yield Backend("embedded", [server])
     finally:
@@ -122,7 +122,7 @@ _redis_dbs = iter(range(1, 16))
 def _celery(tmp_path_factory, redis_server: RedisServer) -> Iterator[Backend]:
     """One API process and one worker sharing a data directory, as on one machine."""
     data = tmp_path_factory.mktemp("celery") / "data"
-    env = {**FAST_LEASE, **LOOPBACK_WEBHOOKS, "VIDSERVE_REDIS_URL": redis_server.db(next(_redis_dbs))}
+    env = {**LOOPBACK_WEBHOOKS, "VIDSERVE_REDIS_URL": redis_server.db(next(_redis_dbs))}
     server = Server(data, env=env, extra=["--queue", "celery"]).start()
     worker = None
     try:
@@ -141,7 +141,7 @@ def _machines(tmp_path_factory, redis_server: RedisServer, seaweedfs: SeaweedFS)
     root = tmp_path_factory.mktemp("machines")
     prefix = f"machines-{secrets.token_hex(6)}"
     secret = generate_secret()  # every machine that sends webhooks signs with the same secret
-    env = {**FAST_LEASE, **LOOPBACK_WEBHOOKS, "VIDSERVE_REDIS_URL": redis_server.db(next(_redis_dbs)),
+    env = {**LOOPBACK_WEBHOOKS, "VIDSERVE_REDIS_URL": redis_server.db(next(_redis_dbs)),
            "VIDSERVE_STORAGE": f"s3://{TEST_BUCKET}/{prefix}", "VIDSERVE_S3_ENDPOINT_URL": seaweedfs.endpoint,
            "VIDSERVE_WEBHOOK_SECRET": secret}
     servers, workers = [], []

@@ -72,8 +72,10 @@ class _Service:
 
 
 class RedisServer(_Service):
-    """redis-server; with `appendonly`, every write goes to its append-only file before the
-    reply (fsync each second), so a killed server restarts with everything it acknowledged."""
+    """redis-server with `appendonly` and Redis's default `appendfsync everysec`: a write is
+    acknowledged first and reaches the append-only file soon after, usually at once but up to
+    about two seconds later while a background fsync is slow. A killed server restarts with
+    what reached the file: a test that needs a write to survive a kill waits for `on_disk`."""
 
     def __init__(self, workdir: Path, appendonly: bool = True):
         super().__init__("redis-server", workdir)
@@ -94,6 +96,18 @@ class RedisServer(_Service):
                 return s.recv(16).startswith(b"+PONG")
         except OSError:
             return False
+
+    def on_disk(self, text: str) -> bool:
+        """Whether `text` (a job id, say) is in the append-only file, where a kill -9 cannot reach it."""
+        return any(text.encode() in aof.read_bytes() for aof in (self.workdir / "appendonlydir").glob("*.aof"))
+
+    def stop_persisting(self) -> None:
+        """Every write so far is flushed to the AOF (turning it off does that), and every write from
+        now on is acknowledged but lost in a crash: the second that `appendfsync everysec` can lose,
+        made certain. `start()` after a kill turns the AOF back on."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(b"CONFIG SET appendonly no\r\n")
+            assert s.recv(16).startswith(b"+OK")
 
     def db(self, number: int) -> str:
         return self.url.rsplit("/", 1)[0] + f"/{number}"

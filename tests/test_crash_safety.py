@@ -54,6 +54,9 @@ def celery_env(redis_url, tmp_path):
 
 def test_ten_jobs_on_two_workers_each_run_once(celery_env):
     data, env = celery_env
+    # Nothing is killed here: a lease of the default length, so a worker starved of CPU for a
+    # moment does not lose one and run its job twice.
+    env = {**env, "VIDSERVE_LEASE_SECONDS": "30"}
     server = Server(data, env=env, extra=["--queue", "celery"]).start()
     workers = [Worker(data, "wan-tiny", env, f"w{i}").start() for i in range(2)]
     try:
@@ -91,7 +94,8 @@ def test_killed_worker_job_reruns_on_restart_and_api_restart_loses_nothing(celer
         listed = {v["id"] for v in httpx.get(f"{server.url}/v1/videos", params={"limit": 100}).json()["data"]}
         assert {long_id, queued_id} <= listed
 
-        replacement = Worker(data, "wan-tiny", env, "replacement").start()
+        # Its own leases are long: a replacement starved of CPU for a moment must not lose the job too.
+        replacement = Worker(data, "wan-tiny", {**env, "VIDSERVE_LEASE_SECONDS": "30"}, "replacement").start()
         final = finished(server.url, long_id, "the rerun")
         assert final["status"] == "completed" and final["attempts"] == 2
         assert eventually(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")

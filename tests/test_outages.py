@@ -26,6 +26,7 @@ from queues import IdleQueue
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.config import Settings
+from vidserve import jobs
 from vidserve.jobs import Job, JobStatus
 from vidserve.jobstore_redis import RedisJobStore
 from vidserve.jobstore_sqlite import SQLiteJobStore
@@ -241,10 +242,41 @@ def test_a_runner_that_loses_its_redis_store_leaves_the_job_for_the_lease_reaper
     assert runner.run(job.id) is None  # it stopped without writing anything
     own_redis.start()
     left = runner.store.get(job.id)
-    assert (left.status, left.worker_id, left.attempts, left.error) == (JobStatus.in_progress, "w1", 1, None)
-    # Its lease lapsed while Redis was away: the lease reaper queues it again.
+    # Redis acknowledged the claim, but it may not have reached the AOF before the kill.
+    if left.status is JobStatus.queued:  # the claim was lost: as far as anyone knows, it never ran
+        assert (left.worker_id, left.attempts, left.error) == (None, 0, None)
+    else:  # the claim survived: its lease lapsed while Redis was away, and the lease reaper queues it again
+        assert (left.status, left.worker_id, left.attempts, left.error) == (JobStatus.in_progress, "w1", 1, None)
+        [requeued] = eventually(lambda: recover_lost_jobs(runner.store), timeout=10, what="the lease to lapse")
+        assert requeued.id == job.id and requeued.status is JobStatus.queued
+    monkeypatch.undo()  # the model works again: the next runner to take the job completes it
+    final = runner.run(job.id)
+    assert final.status is JobStatus.completed and final.attempts == left.attempts + 1
+
+
+def test_a_completion_that_redis_loses_in_a_crash_makes_the_video_again(own_redis, tmp_path, monkeypatch):
+    storage = LocalStorage(tmp_path / "files")
+    runner = make_runner(tmp_path, storage, lease_seconds=1, store=RedisJobStore(own_redis.url))
+    record_completion = jobs.complete
+
+    def completion_never_reaches_disk(*args, **kwargs):
+        own_redis.stop_persisting()
+        return record_completion(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "complete", completion_never_reaches_disk)
+    job = queued(runner)
+    assert runner.run(job.id).status is JobStatus.completed  # acknowledged by Redis...
+    own_redis.kill()
+    own_redis.start()
+    lost = runner.store.get(job.id)  # ...and gone with it: the job is running, as far as Redis knows
+    assert (lost.status, lost.worker_id, lost.attempts) == (JobStatus.in_progress, "w1", 1)
     [requeued] = eventually(lambda: recover_lost_jobs(runner.store), timeout=10, what="the lease to lapse")
     assert requeued.id == job.id and requeued.status is JobStatus.queued
+
+    monkeypatch.undo()
+    final = runner.run(job.id)
+    assert final.status is JobStatus.completed and final.attempts == 2
+    assert all(storage.exists(key) for key in final.outputs.values())
 
 
 # --- the API ---------------------------------------------------------------------------------
@@ -264,6 +296,7 @@ def test_the_api_answers_503_while_its_redis_store_is_down(own_redis, tmp_path):
     with TestClient(create_app(settings, services)) as client:
         body = {"model": "wan-tiny", "prompt": "a fox", "size": "64x64", "num_frames": 5, "num_inference_steps": 1}
         video_id = client.post("/v1/videos", json=body).json()["id"]
+        eventually(lambda: own_redis.on_disk(video_id), what="the job to reach the AOF")
         own_redis.kill()
         for response in (client.get(f"/v1/videos/{video_id}"), client.get("/v1/videos"),
                          client.get(f"/v1/videos/{video_id}/content"), client.post("/v1/videos", json=body)):

@@ -301,6 +301,11 @@ class JobStore(ABC):
     def unlock(self, name: str, token: str) -> None:
         """Free the lock `name` if `token` still holds it (never another holder's, taken after a lapse)."""
 
+    def incarnation(self) -> str | None:
+        """What changes when the store restarts (and may have lost its last acknowledged
+        writes); None for a store that never loses them."""
+        return None
+
     def count_by_status(self) -> dict[JobStatus, int]:
         return {status: len(self.with_status([status])) for status in JobStatus}
 

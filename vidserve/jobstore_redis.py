@@ -179,5 +179,10 @@ class RedisJobStore(JobStore):
     def unlock(self, name: str, token: str) -> None:
         self._unlock(keys=[self._key("lock", name)], args=[token])
 
+    def incarnation(self) -> str:
+        # A new run id each time the server starts: after a crash, the AOF may lack the last
+        # second of writes (`appendfsync everysec`), Celery's messages included.
+        return self._redis.info("server")["run_id"]
+
     def close(self) -> None:
         self._redis.close()

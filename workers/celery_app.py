@@ -7,7 +7,7 @@ queue, so a worker only takes jobs for the model it holds. Redelivery alone can'
 recover a job whose worker was killed (its message stays unacked for the whole
 visibility timeout), so a lease reaper — in the API and in every worker — re-enqueues
 running jobs whose worker went silent, and the API publishes every queued job again when it
-starts; the runner's atomic claim keeps a job from running twice.
+starts and after Redis restarts; the runner's atomic claim keeps a job from running twice.
 """
 
 from __future__ import annotations
@@ -62,14 +62,23 @@ def make_celery(settings: Settings) -> Celery:
 
 
 class LeaseReaper:
-    """Every third of a lease, re-enqueue running jobs whose worker stopped renewing."""
+    """Every third of a lease, re-enqueue running jobs whose worker stopped renewing. With
+    `republish`, also publish every queued job again at start and after each restart of the
+    store: an API killed between marking a job queued (a submission, a requeue) and publishing
+    its message, or a Redis crash that lost the message but kept the record, would otherwise
+    leave a queued job no worker ever hears of. A job delivered twice still runs once (the
+    runner's atomic claim)."""
 
-    def __init__(self, store: JobStore, submit, announce, lease_seconds: float):
+    def __init__(self, store: JobStore, submit, announce, lease_seconds: float, republish: bool = False):
         self.store, self.submit, self.announce, self.interval = store, submit, announce, lease_seconds / 3
+        self.republish = republish
+        self._incarnation: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="vidserve-lease-reaper", daemon=True)
 
     def start(self) -> None:
+        if self.republish:
+            self._publish_queued()
         self._thread.start()
 
     def stop(self) -> None:
@@ -82,6 +91,9 @@ class LeaseReaper:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
+                if self.republish and self.store.incarnation() != self._incarnation:
+                    log.warning("the job store restarted: publishing every queued job again")
+                    self._publish_queued()
                 for job in recover_lost_jobs(self.store):
                     log.warning("job %s lost its worker (attempt %d): %s", job.id, job.attempts, job.status.value)
                     if job.status is JobStatus.queued:
@@ -91,6 +103,12 @@ class LeaseReaper:
             except Exception:  # Redis away for a moment: try again next round
                 log.warning("lease check failed", exc_info=True)
 
+    def _publish_queued(self) -> None:
+        incarnation = self.store.incarnation()  # read first: a restart during the loop is seen next round
+        for job in self.store.with_status([JobStatus.queued]):
+            self.submit(job)
+        self._incarnation = incarnation
+
 
 class CeleryQueue:
     """The API side: enqueue jobs on their model's queue; watch for lost ones."""
@@ -98,14 +116,9 @@ class CeleryQueue:
     def __init__(self, settings: Settings, store: JobStore, webhooks: WebhookSender):
         self.app, self.store = make_celery(settings), store
         self.reaper = LeaseReaper(store, self.submit, lambda job: announce(webhooks, settings, job),
-                                  settings.lease_seconds)
+                                  settings.lease_seconds, republish=True)
 
     def start(self) -> None:
-        # An API killed between marking a job queued (a submission, a reaper's requeue) and
-        # publishing its message left a queued job no worker will ever hear of: publish every
-        # queued job again. A job delivered twice still runs once (the runner's atomic claim).
-        for job in self.store.with_status([JobStatus.queued]):
-            self.submit(job)
         self.reaper.start()
 
     def submit(self, job: Job) -> None:
