@@ -8,8 +8,10 @@ from fastapi import FastAPI
 
 from vidserve import __version__
 from vidserve.config import Settings, get_settings
+from vidserve.ratelimit import OpenStreams
 
 from . import errors, openapi
+from .auth import KeyRateLimit
 from .body_limit import BodyLimit
 from .routers import chat, health, loras, metrics, models, playground, videos
 from .services import Services, build_services
@@ -32,6 +34,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     errors.install(app)
     openapi.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(KeyRateLimit, services=services)  # added last: the outermost, so it answers first
+    app.state.streams = OpenStreams()
     for router in (videos.router, chat.router, models.router, loras.router, health.router, metrics.router,
                    playground.router):
         app.include_router(router)

@@ -9,7 +9,10 @@ from typing import BinaryIO, Iterator
 
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
+from vidserve.errors import echo
 from vidserve.storage import Storage
+
+from .errors import error_response
 
 CHUNK_BYTES = 256 * 1024
 # ASCII digits, at most 18, past any file's size: int() raises on a run of thousands.
@@ -29,7 +32,9 @@ def stored_file_response(storage: Storage, key: str, media_type: str, filename: 
     headers = {"accept-ranges": "bytes", "content-disposition": f'attachment; filename="{filename}"'}
     span = _byte_range(range_header, size) if range_header else None
     if span == "unsatisfiable":
-        return Response(status_code=416, headers={**headers, "content-range": f"bytes */{size}"})
+        return error_response(416, f"range {echo(range_header)} is not satisfiable: the file has {size} bytes",
+                              param="Range", code="range_not_satisfiable",
+                              headers={**headers, "content-range": f"bytes */{size}"})
     start, end = span or (0, size - 1)
     length = end - start + 1
     file = storage.open(key)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from vidserve.errors import InvalidRequest, from_validation_error
+from vidserve.errors import InvalidRequest, echo, from_validation_error
 from vidserve.jobs import Job
 from vidserve.outages import STORE_UNAVAILABLE
 from vidserve.storage import StorageUnavailable
@@ -22,9 +22,11 @@ log = logging.getLogger("vidserve.api")
 # An outage (vidserve/outages.py) anywhere in a request is a 503 the client can retry this soon.
 RETRY_AFTER_SECONDS = 5
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "invalid_request_error",
           405: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",
-          413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}
+          413: "invalid_request_error", 416: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error"}
 
 
 class APIError(Exception):
@@ -35,7 +37,7 @@ class APIError(Exception):
 
 
 def not_found(video_id: str) -> APIError:
-    return APIError(404, f"no video with id {video_id!r}", param="video_id", code="not_found")
+    return APIError(404, f"no video with id {echo(video_id)}", param="video_id", code="not_found")
 
 
 def video_expired(job: Job, param: str | None = None) -> APIError:

@@ -13,7 +13,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from vidserve.errors import from_validation_error
+from vidserve.errors import ECHO_CHARS, echo, from_validation_error
 from vidserve.media import decode_data_url
 
 from .errors import APIError
@@ -41,14 +41,22 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
     form = await request.form(max_files=len(file_fields) or 1, max_fields=48)
     fields: dict[str, Any] = {}
     files: dict[str, bytes] = {}
+    bracketed: set[str] = set()  # names given as name[...]: one may not also come plain
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
             if key not in file_fields:
-                raise APIError(400, f"unexpected file field {key!r}", param=key)
+                raise APIError(400, f"unexpected file field {echo(key)}", param=key[:ECHO_CHARS])
             if value.size is not None and value.size > limit:
                 raise APIError(413, f"{key} is larger than the {limit} byte limit", param=key, code="file_too_large")
             files[key] = await value.read()
-        elif "[" in key:
+            continue
+        name = key.partition("[")[0]
+        if name in fields and (name not in bracketed or "[" not in key):
+            # Which of two values to take is no choice to make silently: the last? the first?
+            how = "plain and bracketed" if (name in bracketed) != ("[" in key) else "twice"
+            raise APIError(400, f"form field {echo(name)} is given {how}; give it once", param=name[:ECHO_CHARS])
+        if "[" in key:
+            bracketed.add(name)
             _assign_bracketed(fields, key, value)
         elif key in JSON_FIELDS:
             fields[key] = _parse_field(key, value)
@@ -58,37 +66,64 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
 
 
 _SEGMENT = re.compile(r"\[([^\[\]]*)\]")
+_INDEX = re.compile(r"[0-9]+")
 
 
 def _assign_bracketed(fields: dict[str, Any], key: str, value: str) -> None:
     """Put a bracketed form field where its key says, as OpenAI's SDK writes nested values in a
     form: {"video": {"id": V}} as video[id]=V, and [{"name": A}, {"name": B}] under loras as
-    loras[][name]=A, loras[][name]=B (a key already set in the last item starts the next)."""
+    loras[][name]=A, loras[][name]=B (a key already set in the last item starts the next), or
+    as other clients write lists, with indexes counting from 0: loras[0][name]=A, loras[1][name]=B."""
     name, _, rest = key.partition("[")
     segments = _SEGMENT.findall("[" + rest)
     if not name or "".join(f"[{segment}]" for segment in segments) != "[" + rest:
-        raise APIError(400, f"form field {key!r} is not name[key][...] or name[]", param=name or key)
+        raise APIError(400, f"form field {echo(key)} is not name[key][...], name[] or name[0]",
+                       param=(name or key)[:ECHO_CHARS])
     if len(segments) > MAX_JSON_DEPTH:
         raise _too_deep(name)
     path, node = [name, *segments], fields
     for here, next_segment in zip(path, path[1:]):
-        kind = list if next_segment == "" else dict
+        kind = list if next_segment == "" or _INDEX.fullmatch(next_segment) else dict
         if here == "":  # node is a list: a new item, unless the last one still lacks this key
             last = node[-1] if node else None
             if not (isinstance(last, kind) and kind is dict and next_segment not in last):
                 node.append(kind())
             node = node[-1]
+        elif isinstance(node, list):  # an index
+            node = _item(node, here, key, name, kind)
         else:
             node = node.setdefault(here, kind())
         if not isinstance(node, kind):
-            raise APIError(400, f"{name} is given in two shapes (as {key} and otherwise)", param=name)
+            raise APIError(400, f"{name} is given in two shapes (as {echo(key)} and otherwise)", param=name)
     leaf = path[-1]
     if leaf == "":
         node.append(value)
+    elif isinstance(node, list):
+        if _index(leaf, node, key, name) < len(node):
+            raise APIError(400, f"form field {echo(key)} is given twice", param=name)
+        node.append(value)
     elif leaf in node:
-        raise APIError(400, f"form field {key!r} is given twice", param=name)
+        raise APIError(400, f"form field {echo(key)} is given twice", param=name)
     else:
         node[leaf] = value
+
+
+def _item(items: list, segment: str, key: str, name: str, kind: type) -> Any:
+    """The item `segment` indexes in `items`, made (as a `kind`) when it is the next one."""
+    index = _index(segment, items, key, name)
+    if index == len(items):
+        items.append(kind())
+    return items[index]
+
+
+def _index(segment: str, items: list, key: str, name: str) -> int:
+    """An index into `items` that is one of them or the next: indexes count from 0 without gaps."""
+    if not _INDEX.fullmatch(segment):
+        raise APIError(400, f"{name} is given in two shapes (as {echo(key)} and otherwise)", param=name)
+    if len(segment) > len(str(len(items))) or int(segment) > len(items):
+        raise APIError(400, f"form field {echo(key)}: index {segment[:8]} skips ahead of the {len(items)} items "
+                            "given so far; indexes count from 0 without gaps", param=name)
+    return int(segment)
 
 
 def _parse_object(raw: bytes) -> dict[str, Any]:

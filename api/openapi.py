@@ -41,6 +41,7 @@ _ERROR = {
 _MEANINGS = {
     "400": "Invalid request: the message names the parameter.",
     "401": "Missing or unknown API key.",
+    "403": "The API key is not an admin key.",
     "404": "No such video (another key's videos are not found either), or no such model.",
     "405": "Method not allowed.",
     "409": "The video is not in a state that allows this.",
@@ -67,6 +68,7 @@ _ROUTE_ERRORS = {
     ("/v1/videos/{video_id}/events", "get"): ("404",),
     ("/v1/chat/completions", "post"): ("404",),
     ("/readyz", "get"): ("503",),
+    ("/metrics", "get"): ("401", "403", "429"),
 }
 
 # What the successes carry where it is not JSON (or not only JSON): a variant's file.

@@ -10,11 +10,13 @@ from typing import Any, Protocol
 from fastapi import Request
 
 from vidserve.config import Settings
+from vidserve.errors import ModelUnavailable
 from vidserve.expiry import ExpirySweeper
 from vidserve.jobs import Job, JobStore
 from vidserve.keys import KeyRing
 from vidserve.loras import LoraRegistry
 from vidserve.ratelimit import LocalRateLimiter, RateLimiter
+from vidserve.registry import ModelSpec, weights_here
 from vidserve.storage import Storage, open_storage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, build_sender
@@ -41,6 +43,7 @@ class Services:
     adapters: LoraRegistry | None = None  # None: the settings' (and the bundled) LoRA adapters
     limiter: RateLimiter = field(default_factory=LocalRateLimiter)
     sweeper: ExpirySweeper | None = None  # None: one on this store and storage
+    _metrics_listener: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.keyring is None:
@@ -51,14 +54,33 @@ class Services:
         if self.sweeper is None:
             self.sweeper = ExpirySweeper(self.store, self.storage, self.settings.expiry_sweep_seconds)
 
+    def unavailable(self, spec: ModelSpec) -> str | None:
+        """Why a job for `spec` would not run now, and what to do about it; None if it would.
+        Embedded: its weights are not on this machine (a request never starts a download).
+        Celery: no live worker holds it, unless jobs may wait for workers yet to start."""
+        if self.settings.queue == "celery":
+            if self.settings.queue_without_workers or self.queue.serves(spec.name):
+                return None
+            return f"no worker serves model {spec.name}; start one with `vidserve worker --model {spec.name}`"
+        return None if weights_here(spec) else str(ModelUnavailable(spec.source))
+
     def start(self) -> None:
         self.webhooks.resume_pending()  # before new events, so each receiver gets the older ones first
         if self.chat is not None:
             self.chat.start()
         self.queue.start()
         self.sweeper.start()
+        if self.settings.metrics_address:
+            from prometheus_client import start_http_server
+
+            host, _, port = self.settings.metrics_address.rpartition(":")
+            self._metrics_listener, _ = start_http_server(int(port), addr=host.strip("[]"),
+                                                          registry=self.metrics.registry)
 
     def stop(self) -> None:
+        if self._metrics_listener is not None:
+            self._metrics_listener.shutdown()
+            self._metrics_listener.server_close()
         self.sweeper.stop()  # before the store closes under it
         self.queue.stop()
         if self.chat is not None:

@@ -98,6 +98,7 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str,
     """The same job with a new prompt: every parameter, the first frame, and for an extension
     the video it continues, are the source's; and its renditions, unless `outputs` names others."""
     check_prompt(prompt, svc.settings)
+    _check_available(svc, resolve_local(source.model))
     params = source.params
     if outputs is not None:
         renditions = resolve_outputs(outputs, params.width, params.height, params.fps,
@@ -181,8 +182,21 @@ def _enqueue(svc: Services, job: Job) -> Job:
 
 def _model_spec(svc: Services, asked: str | None, default: str) -> ModelSpec:
     """A model a client names is a registry entry or a folder in model_dirs, never another path;
-    the default (the server's, or the extended video's) was the operator's choice or resolved already."""
-    return resolve(asked, svc.settings.model_directories) if asked else resolve_local(default)
+    the default (the server's, or the extended video's) was the operator's choice or resolved already.
+    Either way it must be able to run now."""
+    spec = resolve(asked, svc.settings.model_directories) if asked else resolve_local(default)
+    _check_available(svc, spec)
+    return spec
+
+
+def _check_available(svc: Services, spec: ModelSpec) -> None:
+    """Refused before anything is stored or queued: the job could only fail, or wait for nobody."""
+    reason = svc.unavailable(spec)
+    if reason is None:
+        return
+    if svc.settings.queue == "celery":  # a worker may start: the same request can succeed later
+        raise APIError(503, reason, param="model", code="model_unavailable", headers={"Retry-After": "30"})
+    raise APIError(400, reason, param="model", code="model_unavailable")
 
 
 def _probe_video(settings: Settings, data: bytes) -> VideoInfo:

@@ -54,7 +54,11 @@ def spawn(stack: ExitStack, cmd: list[str], log: Path, env: dict[str, str] | Non
     """Start a process logging to a file (a pipe nobody drains would block it); stopped when the stack closes."""
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return stopped_with(stack, proc)
 
+
+def stopped_with(stack: ExitStack, proc: subprocess.Popen) -> subprocess.Popen:
+    """`proc`, terminated when the stack closes (killed if it takes over 15 s)."""
     def stop() -> None:
         if proc.poll() is None:
             proc.terminate()

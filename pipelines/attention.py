@@ -14,10 +14,17 @@ from dataclasses import dataclass
 
 import torch
 from diffusers import WanTransformer3DModel
-from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
 from vidserve.kernels import dense_attention, sparse_attention
 from vidserve.options import AttentionOptions
+
+try:  # private to diffusers, so it may move: fail here, naming it, not deep inside a generation
+    from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+except ImportError as exc:
+    import diffusers
+
+    raise ImportError(f"diffusers {diffusers.__version__} has no transformer_wan._get_qkv_projections, which "
+                      "vidserve's attention processors call; install a diffusers release that has it") from exc
 
 
 @dataclass

@@ -16,6 +16,9 @@ from vidserve.jobstore_redis import RedisJobStore
 TINY = {"model": "wan-tiny", "size": "64x64", "num_frames": 33, "num_inference_steps": 4}
 # Long enough to be killed mid-run: ~100 steps of a few tens of ms.
 LONG = {"model": "wan-tiny", "size": "128x128", "num_frames": 81, "num_inference_steps": 100}
+# A bound on a broken test, not a claim about speed: these run a LONG job, or ten, start to end,
+# and a machine busy with other work stretches that.
+JOBS_TIMEOUT = 300
 
 
 def video(url, video_id):
@@ -29,7 +32,8 @@ def submit(url, **body):
 
 
 def finished(url, video_id, what):
-    return eventually(lambda: (v := video(url, video_id))["status"] in ("completed", "failed") and v, what=what)
+    return eventually(lambda: (v := video(url, video_id))["status"] in ("completed", "failed") and v,
+                      timeout=JOBS_TIMEOUT, what=what)
 
 
 def kill_mid_job_and_restart(server, video_id, what):
@@ -66,7 +70,7 @@ def test_ten_jobs_on_two_workers_each_run_once(celery_env):
             videos = [video(server.url, i) for i in ids]
             return videos if all(v["status"] == "completed" for v in videos) else None
 
-        done = eventually(all_completed, what="10 jobs")
+        done = eventually(all_completed, timeout=JOBS_TIMEOUT, what="10 jobs")
         assert [v["attempts"] for v in done] == [1] * 10  # one claim each: no job ran twice
         ran_on = {record.worker_id for record in _records(env, ids)}
         assert ran_on <= {f"{socket.gethostname()}:{w.pid}" for w in workers}
@@ -98,7 +102,8 @@ def test_killed_worker_job_reruns_on_restart_and_api_restart_loses_nothing(celer
         replacement = Worker(data, "wan-tiny", {**env, "VIDSERVE_LEASE_SECONDS": "30"}, "replacement").start()
         final = finished(server.url, long_id, "the rerun")
         assert final["status"] == "completed" and final["attempts"] == 2
-        assert eventually(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
+        assert eventually(lambda: video(server.url, queued_id)["status"] == "completed", timeout=JOBS_TIMEOUT,
+                          what="the queued job")
     finally:
         for w in (worker, replacement):
             if w:
@@ -115,7 +120,8 @@ def test_embedded_server_killed_mid_job_recovers_it_on_restart(tmp_path):
         server = kill_mid_job_and_restart(server, long_id, "the long job to run")
         final = finished(server.url, long_id, "the recovered job")
         assert final["status"] == "completed" and final["attempts"] == 2
-        assert eventually(lambda: video(server.url, queued_id)["status"] == "completed", what="the queued job")
+        assert eventually(lambda: video(server.url, queued_id)["status"] == "completed", timeout=JOBS_TIMEOUT,
+                          what="the queued job")
     finally:
         server.stop()
 
@@ -142,6 +148,7 @@ def test_queued_job_whose_message_was_never_published_runs_after_api_restart(cel
     from vidserve.workers.celery_app import queue_name
 
     data, env = celery_env
+    env = {**env, "VIDSERVE_QUEUE_WITHOUT_WORKERS": "1"}  # its worker starts only after the API restart
     server = Server(data, env=env, extra=["--queue", "celery"]).start()
     worker = None
     try:

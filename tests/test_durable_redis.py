@@ -168,10 +168,10 @@ def test_kill_9_of_redis_mid_run_loses_no_job_and_every_job_completes(redis_at, 
     try:
         worker = Worker(data, "wan-tiny", env, "w").start()
         done_id = submit(server.url, **TINY)
-        eventually(lambda: video(server.url, done_id)["status"] == "completed", timeout=60, what="the first job")
+        eventually(lambda: video(server.url, done_id)["status"] == "completed", timeout=300, what="the first job")
         long_id = submit(server.url, **LONG)
         queued_ids = [submit(server.url, seed=i, **TINY) for i in range(2)]
-        eventually(lambda: running(server.url, long_id), timeout=60, what="the long job to run")
+        eventually(lambda: running(server.url, long_id), timeout=300, what="the long job to run")
         assert [video(server.url, i)["status"] for i in queued_ids] == ["queued", "queued"]
         ids = [done_id, long_id, *queued_ids]
         # A job acknowledged in the second before a crash may not have reached the AOF yet
@@ -190,7 +190,7 @@ def test_kill_9_of_redis_mid_run_loses_no_job_and_every_job_completes(redis_at, 
             return True
 
         # ...and every job completes, the long one perhaps on a second attempt.
-        eventually(all_completed, timeout=150, interval=0.5, what="every job to complete")
+        eventually(all_completed, timeout=300, interval=0.5, what="every job to complete")
     finally:
         if worker:
             worker.stop()
@@ -205,7 +205,8 @@ def test_a_queued_job_whose_message_a_redis_crash_lost_still_runs(redis_at, tmp_
     from vidserve.workers.celery_app import queue_name
 
     redis = redis_at(appendonly=True)
-    env = {**NO_CHAT, "VIDSERVE_REDIS_URL": redis.url, "VIDSERVE_LEASE_SECONDS": "2"}  # a lease check each 2/3 s
+    env = {**NO_CHAT, "VIDSERVE_REDIS_URL": redis.url, "VIDSERVE_LEASE_SECONDS": "2",  # a lease check each 2/3 s
+           "VIDSERVE_QUEUE_WITHOUT_WORKERS": "1"}  # its worker starts only after the crash
     data = tmp_path / "data"
     server = Server(data, env=env, extra=["--queue", "celery"]).start()
     worker = None
@@ -218,7 +219,7 @@ def test_a_queued_job_whose_message_a_redis_crash_lost_still_runs(redis_at, tmp_
 
         worker = Worker(data, "wan-tiny", env, "w").start()
         final = eventually(lambda: (v := video(server.url, job_id))["status"] in ("completed", "failed") and v,
-                           timeout=60, what="the job to run")
+                           timeout=300, what="the job to run")
         assert final["status"] == "completed" and final["attempts"] == 1
     finally:
         if worker:

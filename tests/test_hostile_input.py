@@ -27,6 +27,7 @@ from vidserve.api.app import create_app
 from vidserve.api.content import _byte_range
 from vidserve.api.services import Services
 from vidserve.config import Settings
+from vidserve.errors import echo
 from vidserve.jobstore_redis import RedisJobStore
 from vidserve.jobstore_sqlite import SQLiteJobStore
 from vidserve.media import VideoInfo, encode_mp4, probe_video
@@ -360,7 +361,7 @@ def test_a_model_names_only_the_registry_or_a_folder_in_model_dirs(tmp_path):
                      "/", "~", "mytiny/transformer", "my\x00tiny", "not-a-model"):
             error = assert_openai_error(client.post("/v1/videos", json={**VIDEO, "model": name}), 400,
                                         param="model", code="model_not_found")
-            refused[name] = error["message"].replace(repr(name), "NAME")
+            refused[name] = error["message"].replace(echo(name), "NAME")
         assert len(set(refused.values())) == 1, refused  # an existing path is told apart from none
         assert_healthy(client)
     with client_for(tmp_path) as client:  # no model_dirs: no folder at all

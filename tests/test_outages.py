@@ -220,7 +220,7 @@ def test_the_embedded_queue_runs_a_job_given_back_during_an_outage_again(tmp_pat
     try:
         job = queued(runner)
         queue.submit(job)
-        final = eventually(lambda: (j := runner.store.get(job.id)).status.terminal and j, timeout=60,
+        final = eventually(lambda: (j := runner.store.get(job.id)).status.terminal and j, timeout=300,
                            what="the job to end")
     finally:
         queue.stop()
@@ -301,12 +301,13 @@ def test_the_api_answers_503_while_its_redis_store_is_down(own_redis, tmp_path):
         for response in (client.get(f"/v1/videos/{video_id}"), client.get("/v1/videos"),
                          client.get(f"/v1/videos/{video_id}/content"), client.post("/v1/videos", json=body)):
             assert_unavailable(response, "store_unavailable", "job store")
-        assert_unavailable(client.get("/readyz"), "store_unavailable", "job store unavailable: ")
+        readiness = client.get("/readyz")
+        assert_unavailable(readiness, "store_unavailable", "job store unavailable")
+        assert f":{own_redis.port}" not in readiness.text  # Redis's host and port stay in the log
 
         own_redis.start()
         assert client.get(f"/v1/videos/{video_id}").json()["status"] == "queued"
-        assert client.get("/readyz").json() == {"status": "ready", "queue": "embedded",
-                                                "storage": str(tmp_path / "files")}
+        assert client.get("/readyz").json() == {"status": "ready", "queue": "embedded", "storage": "local"}
 
 
 def test_a_delete_while_the_storage_is_down_is_a_503_that_can_be_retried(tmp_path):
@@ -346,21 +347,23 @@ def test_an_s3_outage_mid_job_is_a_503_and_the_job_still_completes(own_redis, ow
 
             small = {"model": "wan-tiny", "size": "64x64", "num_frames": 9}
             earlier = http.post("/v1/videos", json={**small, "prompt": "first", "num_inference_steps": 1}).json()
-            assert eventually(lambda: finished(earlier["id"]), timeout=60)["status"] == "completed"
+            assert eventually(lambda: finished(earlier["id"]), timeout=300)["status"] == "completed"
             job = http.post("/v1/videos", json={**small, "prompt": "second", "num_frames": 17,
                                                 "num_inference_steps": 20}).json()
-            eventually(lambda: http.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress", timeout=60,
+            eventually(lambda: http.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress", timeout=300,
                        what="the job to start")
 
             own_seaweedfs.kill()
             content = http.get(f"/v1/videos/{earlier['id']}/content")
             assert_unavailable(content, "storage_unavailable", location)
-            assert_unavailable(http.get("/readyz"), "storage_unavailable", f"storage {location}")
+            readiness = http.get("/readyz")
+            assert_unavailable(readiness, "storage_unavailable", "storage unavailable")
+            assert prefix not in readiness.text and own_seaweedfs.endpoint not in readiness.text
             worker.wait_for_log("trying again", timeout=60)  # the job has reached its uploads
             assert http.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"
 
             own_seaweedfs.start()
-            final = eventually(lambda: finished(job["id"]), timeout=60)
+            final = eventually(lambda: finished(job["id"]), timeout=300)
             if final["status"] == "failed":  # the outage outlasted every attempt
                 assert final["error"]["code"] == "storage_unavailable", final
             assert http.get("/readyz").status_code == 200

@@ -140,7 +140,7 @@ def test_a_key_at_its_active_job_limit_gets_429_while_another_submits(request, t
                                                                   "rate_limit_error")
         assert "team-a" in error["message"]
         assert client.post("/v1/videos", json=BODY, headers=as_key("team-b")).status_code == 200
-        metrics = client.get("/metrics").text
+        metrics = client.get("/metrics", headers=as_key("ops")).text
         assert 'vidserve_key_rejected_total{key="team-a",limit="max_active_jobs"} 1.0' in metrics
         assert 'vidserve_key_jobs{key="team-a",status="queued"} 2.0' in metrics
         assert 'vidserve_key_jobs_accepted_total{key="team-b"} 1.0' in metrics

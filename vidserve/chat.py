@@ -1,6 +1,11 @@
 """Chat messages from OpenAI's shape to a model's: text parts, and images decoded from
 `image_url` parts (data URLs always; http(s) only when the server allows it, and then
-only from hosts that vidserve.outbound allows)."""
+only from hosts that vidserve.outbound allows).
+
+Every image is bounded before a model's processor sees it: its decoded size, its aspect
+ratio (a processor that scales the short side to a fixed length turns a thin strip into a
+huge array), and whatever else the caller's `check_image` asks (the model's own scaled size).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,18 @@ import base64
 import hashlib
 import io
 from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import urlsplit
 
 import httpx
 from PIL import Image
 
 from vidserve import outbound
-from vidserve.errors import InvalidRequest
+from vidserve.errors import InvalidRequest, echo
 from vidserve.media import decode_data_url, load_image
+
+# The longest side of a chat image may be at most this many times its shortest.
+MAX_ASPECT_RATIO = 20
 
 
 @dataclass(frozen=True)
@@ -29,8 +38,10 @@ class ChatImage:
 
 
 def to_model_messages(messages: list[dict], *, max_pixels: int, max_bytes: int, remote_images: bool,
-                      allow_private_urls: bool = False) -> tuple[list[dict], list[ChatImage]]:
-    """OpenAI messages -> (transformers chat messages, their images in order)."""
+                      allow_private_urls: bool = False, check_image: Callable[[Image.Image], None] | None = None
+                      ) -> tuple[list[dict], list[ChatImage]]:
+    """OpenAI messages -> (transformers chat messages, their images in order). `check_image`
+    sees each decoded image and may refuse it with InvalidRequest."""
     converted, images = [], []
     for i, message in enumerate(messages):
         content = message.get("content")
@@ -45,23 +56,49 @@ def to_model_messages(messages: list[dict], *, max_pixels: int, max_bytes: int, 
             param = f"messages[{i}].content[{j}].image_url"
             data = _image_bytes(part["image_url"]["url"], param, max_bytes, remote_images, allow_private_urls)
             try:
-                images.append(ChatImage.from_bytes(data, max_pixels))
+                image = ChatImage.from_bytes(data, max_pixels)
+                _check_aspect_ratio(image.image)
+                if check_image is not None:
+                    check_image(image.image)
             except InvalidRequest as exc:
                 raise InvalidRequest(exc.message, param=param, code=exc.code) from None
+            images.append(image)
             parts.append({"type": "image"})
         converted.append({"role": message["role"], "content": parts})
     return converted, images
 
 
 def data_url(image: Image.Image) -> str:
-    """A PNG data URL, e.g. to send a video frame to a remote chat endpoint."""
+    """A PNG data URL, e.g. to send a video frame to a chat endpoint. A frame more elongated
+    than chat images may be is centred on a black band wide enough to be taken."""
+    short, long = sorted(image.size)
+    if long > MAX_ASPECT_RATIO * short:
+        side = -(-long // MAX_ASPECT_RATIO)
+        size = (image.width, side) if image.width > image.height else (side, image.height)
+        padded = Image.new(image.mode, size)
+        padded.paste(image, ((size[0] - image.width) // 2, (size[1] - image.height) // 2))
+        image = padded
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+def _check_aspect_ratio(image: Image.Image) -> None:
+    short, long = sorted(image.size)
+    if long > MAX_ASPECT_RATIO * short:
+        ratio = f"{long / short:,.1f}".removesuffix(".0")
+        raise InvalidRequest(f"the image is {image.width}x{image.height}: its long side is {ratio} times its short "
+                             f"side, and chat images may be at most {MAX_ASPECT_RATIO} times (crop or pad it)",
+                             code="image_aspect_ratio")
+
+
 def _image_bytes(url: str, param: str, max_bytes: int, remote_images: bool, allow_private: bool) -> bytes:
     if url.startswith("data:"):
+        media_type = url[5:].partition(",")[0].partition(";")[0].strip().lower()
+        if not media_type.startswith("image/"):
+            found = f"of type {echo(media_type)}" if media_type else "without a media type (text/plain)"
+            raise InvalidRequest(f"image_url is a data URL {found}; send an image, e.g. data:image/png;base64,<data>",
+                                 param=param, code="unsupported_media_type")
         return decode_data_url(url, param, max_bytes)
     if urlsplit(url).scheme not in ("http", "https"):
         raise InvalidRequest("image_url must be a data: URL or an http(s) URL", param=param)

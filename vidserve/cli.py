@@ -43,8 +43,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _placed(settings: Settings) -> Settings:
     """Settings whose device, dtype and load options can run here, checked before any work."""
+    from vidserve.pipelines import quiet_libraries
     from vidserve.pipelines.devices import placement
 
+    quiet_libraries()
     placement(settings.device, settings.dtype, settings.load)
     return settings
 

@@ -7,7 +7,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vidserve.options import AttentionOptions, CacheOptions, LoadOptions
@@ -86,6 +86,9 @@ class Settings(BaseSettings):
                                      "running answers.")
     chat_max_waiting: int = Field(64, ge=0, description="Chat requests waiting for a slot past which new ones get 429.")
     chat_max_tokens: int = Field(4096, gt=0, description="Most tokens one answer may generate.")
+    chat_max_vision_pixels: int = Field(4096 * 4096, gt=0, description="Largest image (width*height) the chat "
+                                        "model's processor may scale a chat image to; larger ones are refused "
+                                        "before it runs.")
     chat_remote_images: bool = Field(False, description="Fetch http(s) image URLs (public hosts only, unless "
                                      "allow_private_urls).")
     chat_url: str | None = Field(None, description="Chat endpoint distributed workers call for prompt extension "
@@ -97,6 +100,9 @@ class Settings(BaseSettings):
     allow_volatile_redis: bool = Field(False, description="Start on a Redis without its append-only file (or one "
                                        "whose persistence cannot be checked), where a crash of Redis loses recent "
                                        "jobs and queue messages; otherwise the API and workers refuse to start.")
+    queue_without_workers: bool = Field(False, description="--queue celery: accept jobs for a model no live worker "
+                                        "holds and leave them queued (for fleets that start workers from the queue "
+                                        "length); otherwise they get 503 model_unavailable.")
     lease_seconds: float = Field(30.0, gt=0, description="A running job whose worker is silent this long is lost.")
     max_attempts: int = Field(2, ge=1, description="Runs a job gets before a worker crash fails it.")
     visibility_timeout: int = Field(6 * 3600, gt=0, description="Redis redelivery timeout; longer than any job.")
@@ -109,6 +115,12 @@ class Settings(BaseSettings):
                                      "that set none (0: unlimited).")
     key_requests_per_minute: int = Field(0, ge=0, description="Requests per minute per API key, for keys "
                                          "that set none (0: unlimited).")
+    key_max_streams: int = Field(16, ge=0, description="Event streams (GET /v1/videos/ID/events) one API key "
+                                 "may hold open in one API process, for keys that set none (0: unlimited).")
+    metrics_address: str | None = Field(None, pattern=r"^\[?[^\s/]+\]?:[0-9]{1,5}$",
+                                        description="HOST:PORT of a listener of its own serving /metrics without "
+                                        "keys (for Prometheus on a private network); on the API's port, /metrics "
+                                        "needs an admin key when there are keys.")
     webhook_url: str | None = Field(None, description="Default webhook for jobs that name none.")
     webhook_secret: str | None = Field(None, description="whsec_... signing secret; made and kept in data_dir if unset.")
     webhook_workers: int = Field(4, gt=0, description="Webhook deliveries in flight at once; each receiver still "
@@ -139,3 +151,27 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def settings_table() -> str:
+    """README's Settings table: every setting with its default and description, in the order
+    declared (`python -m vidserve.config` prints it; a test checks README against it)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        rows.append(f"| `VIDSERVE_{name.upper()}` | {_shown(field.default)} | {field.description} |")
+    return "\n".join(rows) + "\n"
+
+
+def _shown(default: object) -> str:
+    if default is None or default == "":
+        return "—"
+    if isinstance(default, bool):
+        return f"`{str(default).lower()}`"
+    if isinstance(default, BaseModel):  # options as JSON, by the field that picks the kind; the rest are its own
+        first, value = next(iter(default.model_dump(mode="json").items()))
+        return f'`{{"{first}": "{value}"}}`'
+    return f"`{default}`"
+
+
+if __name__ == "__main__":
+    print(settings_table(), end="")

@@ -12,6 +12,21 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 
+# How much of a client's input an error message quotes back.
+ECHO_CHARS = 64
+
+
+def echo(value: object) -> str:
+    """Client input as an error message quotes it: its repr, cut to a short prefix, so a huge
+    input never comes back whole (nor fills the logs)."""
+    text = repr(value)
+    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(str(value))} characters)"
+
+
+def _cut(part: str) -> str:
+    return part if len(part) <= ECHO_CHARS else f"{part[:ECHO_CHARS]}..."
+
+
 class VidserveError(Exception):
     """Base class for errors vidserve raises on purpose: a job it ends fails with `code`."""
 
@@ -32,7 +47,7 @@ def from_validation_error(exc: "ValidationError", prefix: str | None = None,
     (under `prefix`, without FastAPI's "body"/"query" location), the message says what is wrong."""
     first = exc.errors()[0]
     parts = [prefix] if prefix else []
-    parts += [str(p) for p in first.get("loc", ()) if p not in skip]
+    parts += [_cut(str(p)) for p in first.get("loc", ()) if p not in skip]  # a loc may be a client's key
     param = ".".join(parts) or None
     return InvalidRequest(f"{param}: {first['msg']}" if param else first["msg"], param=param)
 
@@ -40,7 +55,7 @@ def from_validation_error(exc: "ValidationError", prefix: str | None = None,
 class UnknownModel(InvalidRequest):
     def __init__(self, name: str, known: list[str], folder: str = "a local diffusers folder"):
         super().__init__(
-            f"unknown model {name!r}; known models: {', '.join(known)} (or {folder})",
+            f"unknown model {echo(name)}; known models: {', '.join(known)} (or {folder})",
             param="model",
             code="model_not_found",
         )

@@ -10,6 +10,7 @@ role and its own quotas, and holds only the key's SHA-256:
     role = "user"                 # or "admin": sees every key's jobs
     max_active_jobs = 4           # queued + running
     requests_per_minute = 120
+    max_streams = 16              # open event streams, per API process
     max_seconds = 10              # per video; also max_side, max_steps
 
 A job records its owner's `name`, never the key. Keys are long random secrets, so a plain
@@ -44,6 +45,8 @@ class Quotas(BaseModel):
     max_active_jobs: int | None = Field(None, ge=0, description="Queued + running jobs at once (0: unlimited).")
     requests_per_minute: int | None = Field(None, ge=0, description="Requests per minute, a burst of as many "
                                                                      "(0: unlimited).")
+    max_streams: int | None = Field(None, ge=0, description="Event streams open at once, per API process "
+                                                            "(0: unlimited).")
     max_seconds: float | None = Field(None, gt=0, description="Longest video one request may ask for.")
     max_side: int | None = Field(None, gt=0, description="Largest width or height one request may ask for.")
     max_steps: int | None = Field(None, gt=0, description="Most denoising steps one request may ask for.")
@@ -102,6 +105,7 @@ class KeyRing:
             repeated = sorted({n for n in names if names.count(n) > 1})
             raise VidserveError(f"API key names must be unique; repeated: {', '.join(repeated)}")
         self.keys = keys
+        self._callers = {key.name: Caller.of(key) for key in keys}  # made once: requests look them up
 
     @classmethod
     def from_settings(cls, api_keys: frozenset[str], keys_file: str | Path | None) -> "KeyRing":
@@ -121,6 +125,11 @@ class KeyRing:
             if hmac.compare_digest(digest, key.sha256.encode()):
                 found = key
         return found
+
+    def caller(self, token: bytes) -> Caller | None:
+        """The caller a key belongs to, or None for an unknown key."""
+        key = self.find(token)
+        return None if key is None else self._callers[key.name]
 
 
 def _read_keys_file(path: Path) -> list[ApiKey]:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vidserve.errors import InvalidRequest, VidserveError
+from vidserve.errors import InvalidRequest, VidserveError, echo
 
 BUNDLED = Path(__file__).resolve().parent / "weights"
 SIDECAR = "adapter.json"
@@ -132,7 +132,7 @@ class LoraRegistry:
             adapter = self.get(lora.name)
             if adapter is None:
                 known = ", ".join(sorted(self.adapters)) or "none"
-                raise InvalidRequest(f"loras: unknown adapter {lora.name!r}; registered adapters: {known}",
+                raise InvalidRequest(f"loras: unknown adapter {echo(lora.name)}; registered adapters: {known}",
                                      param="loras", code="lora_not_found")
             for model in models:
                 if not adapter.fits(model):

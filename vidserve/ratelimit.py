@@ -4,6 +4,9 @@ per-minute count, then gets one request per 60/N seconds.
 In-process for the embedded server; in Redis when the job store is Redis, so several
 API processes share one bucket per key (the refill and the take are one atomic script,
 timed by the Redis server's clock, so API hosts' clocks need not agree).
+
+Also each key's open event streams (`OpenStreams`), counted per API process: a stream holds
+that process's connection and poll loop, and ends with it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from abc import ABC, abstractmethod
 
 
 class RateLimiter(ABC):
+    blocks = False  # True: take() waits on the network, so async callers run it in a thread
+
     @abstractmethod
     def take(self, name: str, per_minute: int) -> float:
         """Spend one of `name`'s tokens: 0.0 if there was one, else the seconds until there is."""
@@ -54,6 +59,8 @@ return tostring(wait)
 
 
 class RedisRateLimiter(RateLimiter):
+    blocks = True
+
     def __init__(self, url: str, prefix: str = "vidserve"):
         import redis
 
@@ -66,3 +73,29 @@ class RedisRateLimiter(RateLimiter):
 
     def close(self) -> None:
         self._redis.close()
+
+
+class OpenStreams:
+    """How many streams each key has open in this process."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def open(self, name: str, limit: int) -> bool:
+        """Count one more of `name`'s streams, unless it already has `limit` open (0: no limit)."""
+        with self._lock:
+            count = self._open.get(name, 0)
+            if limit and count >= limit:
+                return False
+            self._open[name] = count + 1
+            return True
+
+    def close(self, name: str) -> None:
+        with self._lock:
+            count = self._open.pop(name, 0) - 1
+            if count > 0:
+                self._open[name] = count
+
+    def count(self, name: str) -> int:
+        return self._open.get(name, 0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from vidserve.errors import InvalidRequest, UnknownModel
+from vidserve.errors import InvalidRequest, UnknownModel, echo
 from vidserve.loras import LoraRequest
 
 
@@ -60,7 +60,7 @@ class ModelSpec:
         found = dict(self.presets).get(name)
         if found is None:
             known = ", ".join(n for n, _ in self.presets) or "none"
-            raise InvalidRequest(f"model {self.name} has no preset {name!r}; its presets: {known}", param="preset")
+            raise InvalidRequest(f"model {self.name} has no preset {echo(name)}; its presets: {known}", param="preset")
         return found
 
     @property
@@ -170,6 +170,21 @@ def resolve_local(name: str) -> ModelSpec:
     if path.is_dir():
         return spec_from_folder(path)
     raise UnknownModel(name, list(MODELS))
+
+
+def weights_here(spec: ModelSpec) -> bool:
+    """Whether `spec` loads on this machine without a download: a built-in model always does, a
+    folder if it exists, a hub model once its snapshot is in the hub cache (HF_HOME). Reads no
+    weights, so the API can ask at each submission."""
+    if spec.builtin or Path(spec.source).expanduser().is_dir():
+        return True
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(spec.source, local_files_only=True)
+    except (OSError, ValueError):  # not in the cache; or not a hub id at all, a folder that is gone
+        return False
+    return True
 
 
 def _read_json(path: Path) -> dict:

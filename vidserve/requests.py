@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vidserve.config import Settings
-from vidserve.errors import InvalidRequest, from_validation_error
+from vidserve.errors import InvalidRequest, echo, from_validation_error
 from vidserve.loras import LoraRegistry, LoraRequest
 from vidserve.options import AttentionOptions, CacheOptions
 from vidserve.registry import ModelSpec
@@ -87,7 +87,7 @@ def parse_size(size: str) -> tuple[int, int]:
     """'WxH' -> (width, height)."""
     match = _SIZE.fullmatch(size)
     if match is None:
-        raise InvalidRequest(f"size must look like WIDTHxHEIGHT (e.g. 832x480), got {size!r}", param="size")
+        raise InvalidRequest(f"size must look like WIDTHxHEIGHT (e.g. 832x480), got {echo(size)}", param="size")
     return int(match.group(1)), int(match.group(2))
 
 

@@ -8,13 +8,17 @@ recover a job whose worker was killed (its message stays unacked for the whole
 visibility timeout), so a lease reaper — in the API and in every worker — re-enqueues
 running jobs whose worker went silent, and the API publishes every queued job again when it
 starts and after Redis restarts; the runner's atomic claim keeps a job from running twice.
+Each worker also keeps a heartbeat in Redis, so the API refuses a job for a model no worker
+holds instead of queueing it where nobody listens.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
+import redis
 from celery import Celery
 
 from vidserve.config import Settings
@@ -35,6 +39,54 @@ TASK = "vidserve.run_video_job"
 
 def queue_name(model: str) -> str:
     return f"vidserve.{model}"
+
+
+def presence_key(model: str) -> str:
+    """A sorted set: the ids of the model's workers, each scored with when its heartbeat lapses."""
+    return f"vidserve:workers:{model}"
+
+
+# How long a heartbeat lasts; a worker renews it three times as often. A killed worker counts
+# this long after its death: its model's jobs queue meanwhile, for a replacement.
+PRESENCE_SECONDS = 15.0
+# How long the API trusts what it last read, so a submission seldom pays the round trips.
+PRESENCE_CACHE_SECONDS = 2.0
+
+
+class Heartbeat:
+    """A worker's presence in its model's set, scored on Redis's clock, so machines whose clocks
+    disagree still agree on who is live. A clean stop removes it at once."""
+
+    def __init__(self, redis_url: str, model: str, worker_id: str):
+        self.redis, self.key, self.worker_id = redis.Redis.from_url(redis_url), presence_key(model), worker_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="vidserve-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)  # no beat after the withdrawal
+        try:
+            self.redis.zrem(self.key, self.worker_id)
+        except redis.RedisError:  # it lapses by itself
+            log.warning("could not withdraw the heartbeat", exc_info=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(PRESENCE_SECONDS / 3):
+            self._beat()
+
+    def _beat(self) -> None:
+        try:
+            now, _ = self.redis.time()
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zremrangebyscore(self.key, "-inf", now)  # the lapsed ones of killed workers
+                pipe.zadd(self.key, {self.worker_id: now + PRESENCE_SECONDS})
+                pipe.execute()
+        except redis.RedisError:  # Redis away for a moment: the next beat is in time
+            log.warning("heartbeat failed", exc_info=True)
 
 
 def enqueue(app: Celery, job: Job) -> None:
@@ -117,12 +169,24 @@ class CeleryQueue:
         self.app, self.store = make_celery(settings), store
         self.reaper = LeaseReaper(store, self.submit, lambda job: announce(webhooks, settings, job),
                                   settings.lease_seconds, republish=True)
+        self.redis = redis.Redis.from_url(settings.redis_url)
+        self._served: dict[str, tuple[float, bool]] = {}  # model -> (when read, a live worker holds it)
 
     def start(self) -> None:
         self.reaper.start()
 
     def submit(self, job: Job) -> None:
         enqueue(self.app, job)
+
+    def serves(self, model: str) -> bool:
+        """Whether a live worker holds `model`: one whose heartbeat has not lapsed."""
+        cached = self._served.get(model)
+        if cached is not None and time.monotonic() - cached[0] < PRESENCE_CACHE_SECONDS:
+            return cached[1]
+        now, _ = self.redis.time()
+        served = self.redis.zcount(presence_key(model), now, "+inf") > 0
+        self._served[model] = (time.monotonic(), served)
+        return served
 
     @property
     def alive(self) -> bool:
@@ -160,11 +224,14 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
     reaper = LeaseReaper(store, lambda job: enqueue(app, job),
                          lambda job: announce(runner.webhooks, settings, job), settings.lease_seconds)
     reaper.start()
+    heartbeat = Heartbeat(settings.redis_url, spec.name, runner.worker_id)
+    heartbeat.start()  # only once the model is resident: a worker that fails to load it never counted
     try:
         app.worker_main(["worker", "--pool=solo", "--concurrency=1", f"--queues={queue_name(spec.name)}",
                          f"--hostname=vidserve-{runner.worker_id}", "--loglevel=INFO", "--without-gossip",
                          "--without-mingle"])
     finally:
+        heartbeat.stop()
         reaper.stop()
         runner.webhooks.close(timeout=5)
     return 0

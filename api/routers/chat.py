@@ -1,7 +1,9 @@
 """/v1/chat/completions: OpenAI's Chat Completions on the LLM engine — images as
 `image_url` parts, streaming as `chat.completion.chunk` events, structured outputs,
-loop detection. Bad input is a 400 before anything reaches the model; a full engine
-is a 429; a client that goes away frees its batch slot."""
+loop detection. Bad input is a 400 before anything reaches the model (images included:
+their size, shape and the size the model's processor would scale them to); a full engine
+is a 429; a client that goes away frees its batch slot, also while its images are encoded
+or its prompt prefilled."""
 
 from __future__ import annotations
 
@@ -38,9 +40,9 @@ async def create_chat_completion(body: ChatCompletionCreate, request: Request, s
                        param="model", code="model_not_found")
     prompt, params, grammar = await run_in_threadpool(_prepare, svc, body)
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": name}
-    try:
-        outputs = engine.stream(prompt, params, grammar)
-        first = await anext(outputs)  # admission errors surface here, as an HTTP status
+    outputs = engine.stream(prompt, params, grammar)
+    try:  # admission errors surface with the first output, as an HTTP status
+        first = await _unless_disconnected(request, outputs, anext(outputs))
     except EngineOverloaded as exc:
         raise APIError(429, str(exc), code="engine_overloaded", headers={"Retry-After": "1"}) from None
     if body.stream:
@@ -58,7 +60,9 @@ def _prepare(svc: Services, body: ChatCompletionCreate):
     messages, images = to_model_messages([m.model_dump() for m in body.messages],
                                          max_pixels=settings.max_image_pixels, max_bytes=settings.max_upload_bytes,
                                          remote_images=settings.chat_remote_images,
-                                         allow_private_urls=settings.allow_private_urls)
+                                         allow_private_urls=settings.allow_private_urls,
+                                         check_image=lambda image: engine.model.check_image(
+                                             image, settings.chat_max_vision_pixels))
     prompt = engine.model.encode(messages, images)
     room = engine.model.max_context - len(prompt.token_ids)
     if room < 1:
@@ -82,19 +86,27 @@ async def _complete(request: Request, completion: dict, first, outputs) -> dict:
             parts.append(out.text)
         return "".join(parts), out
 
-    task = asyncio.create_task(collect())
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            await outputs.aclose()  # aborts the sequence: its slot goes to the next request
-            raise APIError(499, "client disconnected")
-    text, last = task.result()
+    text, last = await _unless_disconnected(request, outputs, collect())
     _raise_if_failed(last)
     return {**completion, "object": "chat.completion", "system_fingerprint": None,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                          "logprobs": None, "finish_reason": last.finish_reason, "stop_reason": last.stop_reason}],
             "usage": _usage(last)}
+
+
+async def _unless_disconnected(request: Request, outputs, work):
+    """Await `work` (which reads `outputs`); if the client goes away first, close `outputs`,
+    which aborts the sequence at the engine's next step, wherever it stands: waiting, images
+    being encoded, prompt being prefilled, or decoding."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            await asyncio.wait({task})  # the generator must be idle before it can be closed
+            await outputs.aclose()
+            raise APIError(499, "client disconnected")
+    return task.result()
 
 
 async def _events(completion: dict, first, outputs, include_usage: bool):

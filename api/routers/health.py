@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fastapi import APIRouter, Depends, Request
@@ -9,9 +10,11 @@ from fastapi.concurrency import run_in_threadpool
 
 from vidserve.storage import Storage, StorageUnavailable
 
-from ..errors import unavailable
+from ..auth import require_admin
+from ..errors import APIError, unavailable
 from ..services import Services, services
 
+log = logging.getLogger("vidserve.api")
 router = APIRouter(tags=["health"])
 
 # A load balancer may ask every second; each storage probe writes and deletes an object.
@@ -25,21 +28,35 @@ async def healthz():
 
 @router.get("/readyz")
 async def readyz(request: Request, svc: Services = Depends(services)):
-    """200 when every component works; otherwise 503 naming each one that does not, and why
-    (the code is the first one's)."""
-    problems: list[tuple[str, str]] = []  # (code, message)
+    """200 when every component works; otherwise 503 naming each part that does not, with the
+    first one's code. Why it failed (paths, hosts, ports) goes to the log, never to the client;
+    which queue and storage kind the server runs is shown to admins (or on a server without keys)."""
+    problems: list[tuple[str, str]] = []  # (code, part)
     try:
         await run_in_threadpool(svc.store.list, None, 1, "desc")
     except Exception as exc:
-        problems.append(("store_unavailable", f"job store unavailable: {exc}"))
+        log.warning("readiness: the job store is unavailable: %s", exc)
+        problems.append(("store_unavailable", "job store"))
     storage_problem = await _storage_problem(request, svc.storage)
     if storage_problem is not None:
-        problems.append((StorageUnavailable.code, storage_problem))
+        log.warning("readiness: %s", storage_problem)
+        problems.append((StorageUnavailable.code, "storage"))
     if not svc.queue.alive:
-        problems.append(("queue_unavailable", "the job queue is not running"))
+        problems.append(("queue_unavailable", "job queue"))
     if problems:
-        return unavailable("; ".join(message for _, message in problems), problems[0][0])
-    return {"status": "ready", "queue": svc.settings.queue, "storage": svc.storage.location}
+        return unavailable(f"not ready: {', '.join(part for _, part in problems)} unavailable", problems[0][0])
+    if not _is_admin(request):
+        return {"status": "ready"}
+    storage_kind = "s3" if svc.storage.location.startswith("s3://") else "local"
+    return {"status": "ready", "queue": svc.settings.queue, "storage": storage_kind}
+
+
+def _is_admin(request: Request) -> bool:
+    try:
+        require_admin(request)
+    except APIError:
+        return False
+    return True
 
 
 async def _storage_problem(request: Request, storage: Storage) -> str | None:

@@ -1,16 +1,19 @@
-"""/metrics in Prometheus' text format."""
+"""/metrics in Prometheus' text format: for admin keys when the server has keys (metrics name
+every key). `VIDSERVE_METRICS_ADDRESS` serves the same registry on a listener of its own,
+without keys, for a Prometheus on a private network."""
 
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..auth import require_admin
 from ..services import Services, services
 
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", response_class=Response,
+@router.get("/metrics", response_class=Response, dependencies=[Depends(require_admin)],
             responses={200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(svc: Services = Depends(services)):
     body = await run_in_threadpool(generate_latest, svc.metrics.registry)

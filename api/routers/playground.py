@@ -1,6 +1,7 @@
 """The playground: a small page at `/` that drives the public API from a browser (video
-jobs, the gallery, chat). Plain files from `api/static/`, no build step. No auth here: the
-page itself holds no data, and it sends the user's key on its own `/v1` calls."""
+jobs, the gallery, chat). Plain files from `api/static/`, no build step. No auth for the
+page itself, which holds no data: it sends the user's key on its own `/v1` calls, and on
+`/playground/models`, which tells its model list which models would take a job now."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, Request
 from starlette.staticfiles import StaticFiles
 
+from vidserve.registry import MODELS
+
+from ..auth import authenticate
 from ..services import Services, services
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -50,3 +54,11 @@ async def index(request: Request, svc: Services = Depends(services)):
 @router.api_route("/static/{path:path}", methods=["GET", "HEAD"])
 async def static(path: str, request: Request, svc: Services = Depends(services)):
     return await _serve(path, request, svc)
+
+
+@router.get("/playground/models", dependencies=[Depends(authenticate)])
+def model_availability(svc: Services = Depends(services)) -> dict:
+    """Each registry model, and why a job for it would be refused now (null: it would not)."""
+    reasons = {name: svc.unavailable(spec) for name, spec in MODELS.items()}
+    return {"object": "list", "data": [{"id": name, "available": reason is None, "reason": reason}
+                                       for name, reason in reasons.items()]}

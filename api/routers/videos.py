@@ -10,15 +10,15 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
 
 from vidserve import jobs
+from vidserve.errors import echo
 from vidserve.jobs import Job, JobNotFound, JobStatus, video_object
 from vidserve.keys import Caller
 from vidserve.renditions import NAME_PATTERN
 from vidserve.webhooks import announce
 
-from ..auth import authenticate
+from ..auth import authenticate, capped_stream
 from ..content import stored_file_response
 from ..errors import APIError, not_found, video_expired
 from ..forms import read_body, request_hash, validate
@@ -36,6 +36,10 @@ EVENT_POLL_SECONDS = 0.2
 @router.post("")
 async def create_video(request: Request, svc: Services = Depends(services), caller: Caller = Depends(authenticate),
                        idempotency_key: str | None = Header(None, max_length=256)):
+    if idempotency_key is not None and not idempotency_key.strip():
+        # An empty key would name one job for every request that sends it empty.
+        raise APIError(400, "Idempotency-Key is empty: send a unique value per request (a UUID), or leave the "
+                            "header out", param="Idempotency-Key", code="invalid_idempotency_key")
     fields, files = await read_body(request, svc.settings.max_upload_bytes, ("input_reference",))
     body = validate(VideoCreate, fields)
     job = await run_in_threadpool(submit_video, svc, caller, body, files.get("input_reference"),
@@ -60,7 +64,7 @@ async def list_videos(svc: Services = Depends(services), caller: Caller = Depend
     try:
         page, has_more = await run_in_threadpool(svc.store.list, after, limit, order, caller.scope)
     except JobNotFound:
-        raise APIError(400, f"after: no video with id {after!r}", param="after") from None
+        raise APIError(400, f"after: no video with id {echo(after)}", param="after") from None
     data = [video_object(job) for job in page]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": has_more}
@@ -152,7 +156,7 @@ def _variant(job: Job, variant: str) -> tuple[str, str]:
     """(storage key, media type) of a completed video's variant."""
     key = job.outputs.get(variant)
     if key is None:
-        raise APIError(404, f"video {job.id} has no {variant!r} variant; it has {', '.join(sorted(job.outputs))}",
+        raise APIError(404, f"video {job.id} has no {echo(variant)} variant; it has {', '.join(sorted(job.outputs))}",
                        param="variant", code="variant_not_found")
     if variant in VARIANTS:
         return key, VARIANTS[variant]
@@ -205,8 +209,8 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
                 yield ": keep-alive\n\n"
                 idle = 0.0
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return capped_stream(request, caller, stream(), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def _event(kind: str, data: dict[str, Any]) -> str:

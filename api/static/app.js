@@ -35,8 +35,12 @@ $("forget").addEventListener("click", () => {
 
 async function loadModels() {
   try {
-    const [{ data }, loras] = await Promise.all([api.getJSON("v1/models"), api.getJSON("v1/loras")]);
-    jobs.setModels(data.filter((m) => m.kind !== "chat"));
+    const [{ data }, loras, availability] = await Promise.all([
+      api.getJSON("v1/models"), api.getJSON("v1/loras"), api.getJSON("playground/models")]);
+    // Why a model would be refused now (its weights absent, no worker holding it); null if it would not.
+    const refusal = new Map(availability.data.map((m) => [m.id, m.reason]));
+    const video = data.filter((m) => m.kind !== "chat");
+    jobs.setModels(video.map((m) => ({ ...m, unavailable: refusal.get(m.id) ?? null })));
     jobs.setLoras(loras.data);
     chat.setModel(data.find((m) => m.kind === "chat") ?? null);
   } catch (err) {

@@ -43,7 +43,7 @@ export function setModels(list) {
   select.replaceChildren(new Option("server default", ""));
   for (const model of list) {
     models.set(model.id, model);
-    select.add(new Option(`${model.id} (${model.kind})`, model.id));
+    select.add(new Option(`${model.id} (${model.kind})${model.unavailable ? " — unavailable" : ""}`, model.id));
   }
   select.value = models.has(chosen) ? chosen : "";
   describeModel();
@@ -66,7 +66,8 @@ function describeModel() {
   $("size").placeholder = model ? model.size : "WxH";
   $("model-hint").textContent = model
     ? `${KINDS[model.kind] ?? model.kind}, native ${model.size} at ${model.fps} fps, ${model.frames_per_chunk} frames ` +
-      `per chunk${model.kind === "i2v" ? "; needs a first-frame image" : ""}.`
+      `per chunk${model.kind === "i2v" ? "; needs a first-frame image" : ""}.` +
+      (model.unavailable ? ` Unavailable: ${model.unavailable}.` : "")
     : "The server's default model, at its native size.";
 }
 

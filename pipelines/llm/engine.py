@@ -1,13 +1,15 @@
 """The LLM engine: continuous batching over one resident model, on its own thread.
 
-Each step admits waiting sequences while there is room, runs one prefill pass over their
-prompts (prefill.py: packed, and while more sequences decode than wait, at most
-`prefill_tokens` of them; prompts that finish there get their first token, the time to
-first token, and join the running batch), then one decode step for every running sequence
-at once, then retires the finished ones. Sequences join and leave between
+Each step admits waiting sequences while there is room, encodes the next image of each
+admitted prompt that still has images to encode (encoding.py), runs one prefill pass over
+the prompts ready for it (prefill.py: packed, and while more sequences decode than wait,
+at most `prefill_tokens` of them; prompts that finish there get their first token, the
+time to first token, and join the running batch), then one decode step for every running
+sequence at once, then retires the finished ones. Sequences join and leave between
 steps, so a long answer never holds up a short one and concurrent requests share every
-decode step. Callers submit from any thread and get `Output`s through a callback; the
-async `stream` and blocking `generate` wrap that.
+decode step; an aborted sequence leaves at the next step, whichever stage it is in.
+Callers submit from any thread and get `Output`s through a callback; the async `stream`
+and blocking `generate` wrap that.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from vidserve.errors import EngineOverloaded, InvalidRequest
 
 from .batch import RunningBatch
+from .encoding import ImageEncoding
 from .grammar import Grammars, mask_logits
 from .model import ChatModel, Prompt
 from .prefill import PackedPrefill
@@ -38,10 +41,13 @@ class LLMEngine:
         self.metrics = metrics  # telemetry.ChatMetrics or None
         self.grammars = Grammars(model.tokenizer, model.vocab_size)
         self.waiting: deque[Sequence] = deque()
+        self.encoding = ImageEncoding(model)  # admitted, image features not yet all computed
         self.prefill = PackedPrefill(model, prefill_tokens)  # admitted, prompts not yet all cached
         self.batch = RunningBatch()
         self.decode_steps = 0  # with decoded_tokens: the mean decode batch size
         self.decoded_tokens = 0
+        self.prefill_passes = 0
+        self.aborted_sequences = 0  # dropped because their caller went away
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -108,8 +114,8 @@ class LLMEngine:
 
     @property
     def running(self) -> int:
-        """Sequences holding a slot: decoding, or being prefilled."""
-        return len(self.batch) + len(self.prefill)
+        """Sequences holding a slot: decoding, or having their images encoded or prompt prefilled."""
+        return len(self.batch) + len(self.prefill) + len(self.encoding)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -141,6 +147,7 @@ class LLMEngine:
     def step(self) -> None:
         self._drop_aborted()
         self._admit()
+        self._encode_images()
         pieces = self.prefill.plan(decoding=len(self.batch))
         try:
             if pieces:
@@ -165,13 +172,27 @@ class LLMEngine:
             while self.waiting and self.running + len(admitted) < self.max_running:
                 admitted.append(self.waiting.popleft())
         for seq in admitted:
-            try:
-                self.prefill.add(seq)
-            except Exception as exc:  # e.g. an image the vision tower cannot take
-                self._fail(seq, exc)
+            if seq.prompt.images:
+                self.encoding.add(seq)
+            else:
+                self._to_prefill(seq)
+
+    def _encode_images(self) -> None:
+        encoded, failed = self.encoding.step()
+        for seq, exc in failed:
+            self._fail(seq, exc)
+        for seq, features in encoded:
+            self._to_prefill(seq, features)
+
+    def _to_prefill(self, seq: Sequence, features: list[torch.Tensor] | None = None) -> None:
+        try:
+            self.prefill.add(seq, features)
+        except Exception as exc:  # e.g. image features that do not match the prompt's placeholders
+            self._fail(seq, exc)
 
     def _prefill(self, pieces) -> None:
         finished, logits, caches = self.prefill.run(pieces)
+        self.prefill_passes += 1
         for seq in finished:
             seq.status = Status.running
         self._sample_and_append(logits, finished)
@@ -215,9 +236,12 @@ class LLMEngine:
             aborted = [s for s in self.waiting if s.aborted]
             for seq in aborted:
                 self.waiting.remove(seq)
+        encoding = [s for s in self.encoding.seqs if s.aborted]
+        self.encoding.discard(encoding)
         prefilling = [s for s in self.prefill.queue if s.aborted]
         self.prefill.discard(prefilling)
-        for seq in aborted + prefilling + [s for s in self.batch.seqs if s.aborted and not s.finished]:
+        for seq in aborted + encoding + prefilling + [s for s in self.batch.seqs if s.aborted and not s.finished]:
+            self.aborted_sequences += 1
             seq.status = Status.finished
             seq.finish_reason = "abort"
             self._emit(seq, Output("", True, seq.prompt_len, len(seq.output_ids), "abort"))

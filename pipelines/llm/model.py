@@ -24,6 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+from PIL import Image
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
@@ -41,6 +42,7 @@ from vidserve.registry import ChatModelSpec
 from ..devices import placement
 from ..fetch import fetching
 from .tiny import build_tiny_vlm
+from .vision_size import processed_size
 
 
 @dataclass
@@ -152,6 +154,23 @@ class ChatModel:
             prompt.positions, prompt.rope_delta = positions[:, 0], int(delta)
         return prompt
 
+    def check_image(self, image: Image.Image, max_pixels: int) -> None:
+        """Refuse an image that this model's processor would scale past `max_pixels`
+        (width*height), before the processor runs."""
+        image_processor = getattr(self.processor, "image_processor", None)
+        if image_processor is None:
+            return  # a text-only model: `encode` refuses its images
+        try:
+            size = processed_size(image_processor, image.width, image.height)
+        except ValueError as exc:  # the processor's own refusal, e.g. Qwen2-VL's aspect ratio limit
+            raise InvalidRequest(f"{self.spec.name} cannot take a {image.width}x{image.height} image: {exc}",
+                                 code="invalid_image") from None
+        if size is not None and size[0] * size[1] > max_pixels:
+            raise InvalidRequest(
+                f"the image is {image.width}x{image.height}; {self.spec.name}'s processor would scale it to "
+                f"{size[0]}x{size[1]} = {size[0] * size[1]} pixels, and the limit is {max_pixels} "
+                "(VIDSERVE_CHAT_MAX_VISION_PIXELS): send a smaller or less elongated image", code="image_too_large")
+
     def rope_positions(self, prompt: Prompt) -> torch.Tensor:
         """[3, tokens] M-RoPE positions of a prompt, on the model's device."""
         if prompt.positions is None:
@@ -159,12 +178,14 @@ class ChatModel:
         return prompt.positions.to(self.device)
 
     @torch.inference_mode()
-    def prompt_embeddings(self, prompt: Prompt) -> torch.Tensor:
-        """[tokens, hidden]: token embeddings with image features at the image placeholders."""
+    def prompt_embeddings(self, prompt: Prompt, features: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """[tokens, hidden]: token embeddings with image features at the image placeholders
+        (`features`: those of the prompt's images, when already computed)."""
         ids = torch.tensor(prompt.token_ids, device=self.device)
         embeds = self.model.get_input_embeddings()(ids)
         if prompt.images:
-            features = torch.cat([self._image_features(image) for image in prompt.images]).to(embeds.dtype)
+            features = features if features is not None else [self.image_features(image) for image in prompt.images]
+            features = torch.cat(features).to(embeds.dtype)
             slots = ids == self.image_token_id
             if int(slots.sum()) != features.shape[0]:
                 raise InvalidRequest(f"the images gave {features.shape[0]} features for {int(slots.sum())} "
@@ -172,7 +193,14 @@ class ChatModel:
             embeds[slots] = features
         return embeds
 
-    def _image_features(self, image: ChatImage) -> torch.Tensor:
+    def has_features(self, image: ChatImage) -> bool:
+        """Whether `image_features` would come from the cache, without the vision encoder."""
+        with self._lock:
+            return image.digest in self._features
+
+    @torch.inference_mode()
+    def image_features(self, image: ChatImage) -> torch.Tensor:
+        """[image tokens, hidden]: one image through the processor, vision encoder and projector, or from the cache."""
         with self._lock:
             if image.digest in self._features:
                 self._features.move_to_end(image.digest)

@@ -71,10 +71,10 @@ class PackedPrefill:
     def __len__(self) -> int:
         return len(self.queue)
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a sequence; its embeddings (and image features) are computed now, so a
-        prompt the model cannot take fails here, alone."""
-        self._embeds[seq.id] = self.model.prompt_embeddings(seq.prompt)
+    def add(self, seq: Sequence, features: list[torch.Tensor] | None = None) -> None:
+        """Queue a sequence, with its images' features (encoding.py) if it has images; its
+        embeddings are computed now, so a prompt the model cannot take fails here, alone."""
+        self._embeds[seq.id] = self.model.prompt_embeddings(seq.prompt, features)
         self.queue.append(seq)
 
     def discard(self, seqs: list[Sequence]) -> None:
