@@ -47,8 +47,9 @@ import torch
 PROMPT = "a red fox running through fresh snow, morning light"
 SEED, GUIDANCE, STEPS = 0, 5.0, 10  # guidance > 1: two transformer passes a step, as Wan is run
 # 8x32x32 = 8192 tokens: a multiple of the default 4x4x4 top-k tiles. 33 frames at 512x448 (9x28x32)
-# pads the 4-frame tiles to 12 frames: there top-k attention alone is 2.6x faster than SDPA, not 5.3x,
-# and topk end to end 1.84x, not 2.4x (`--size 512x448 --frames 33`).
+# pads the 4-frame tiles to 12 frames: there top-k attention alone is 2.6x faster than SDPA and topk
+# end to end 1.84x (`--size 512x448 --frames 33`), below this size's figures in benchmarks/RESULTS.md
+# ("Block-sparse attention on CPU", "End to end: vidserve vs diffusers WanPipeline").
 SIZE, FRAMES = "512x512", 29
 HEADS, HEAD_DIM, LAYERS, FFN_DIM, FREQ_DIM = 2, 128, 4, 512, 64  # head_dim as in Wan2.1
 TOPK = {"mode": "topk", "density": 0.125}

@@ -121,7 +121,8 @@ def shape_by_kind(scores: list[dict], specs: list) -> dict:
 def area_ratio(clips: list, specs: list) -> float | None:
     """Mean area of the main shape in the clips over that in the rendered held-out clips (both by
     the detector; pairs where either shows none are skipped). 1 is right; a loss that favours
-    painting shape over background draws shapes too big, and rounder (benchmarks/RESULTS.md)."""
+    painting shape over background draws shapes too big, and rounder (measured in
+    vidserve/weights/wan-shapes/README.md, "Training history")."""
     pairs = [(detect(c)["objects"], detect(world.render(s))["objects"]) for c, s in zip(clips, specs)]
     pairs = [(made[0]["area"], true[0]["area"]) for made, true in pairs if made and true]
     return round(sum(m for m, _ in pairs) / sum(t for _, t in pairs), 2) if pairs else None

@@ -8,14 +8,14 @@ flow_shift shifts it) and regresses the velocity noise - latents. A share of the
 with timestep 0 on its tokens and out of the loss, which is how Wan2.2 TI2V conditions on a
 first frame. One caption in ten is dropped to "" for classifier-free guidance. Two options
 aim the training at shape, which a model trained this way draws as a blob for want of signal
-(benchmarks/RESULTS.md): shape is decided at sigma 0.3-0.6, so --mid-sigma sends a share of the
-samples there; and text-to-video draws its own first frame, which an --image-share below 0.5
-puts in the loss of more samples. A third, --object-weight, weighs the latent cells a shape
-touches up; it is kept only to reproduce the committed model's earlier runs, and is off by
-default because it is biased: the weight depends on where the shape truly is, so wherever the
-model is unsure, the loss is least when it paints shape, and shapes come out too big and round
-(3.4x the area from text at 5x). The exponential moving average of the weights is what gets
-saved, as a complete diffusers folder (all but vae/, train_vae.py's).
+(measured in vidserve/weights/wan-shapes/README.md, "Training history"): shape is decided at
+middle noise levels, so --mid-sigma sends a share of the samples there; and text-to-video draws
+its own first frame, which an --image-share below 0.5 puts in the loss of more samples. A third,
+--object-weight, weighs the latent cells a shape touches up; it is kept only to reproduce the
+committed model's earlier runs, and is off by default because it is biased: the weight depends
+on where the shape truly is, so wherever the model is unsure, the loss is least when it paints
+shape, and shapes come out too big and round (the same section). The exponential moving average
+of the weights is what gets saved, as a complete diffusers folder (all but vae/, train_vae.py's).
 --resume goes on from the saved transformer and text encoder with a fresh schedule, so training
 can be split over several runs (a lent GPU's calls are 10 minutes at most); the log keeps every
 run. With --deepen N it first adds N blocks that start as no-ops (wan_shapes.deepen): more

@@ -8,11 +8,10 @@ latent at all decodes to it: the first frames of N clips, inverted by gradient d
 the decoder (clamp bypassed where the target is inside [-1, 1], or its gradient vanishes),
 with how far those latents sit from the encoder's, in units of the latents' std.
 
-Measured (`--invert 12`, 48 s on 2 quiet CPU cores, wan-shapes after step 20): every violet from
-hue 270 to 289 comes back pure blue (0 of 9 clips read purple, for each of 9 RGBs): the encoder's
-latent for purple is blue's. Inverted, 8 of 12 first frames read purple after 150 Adam steps
-(lr 0.1), from latents moved up to 12 raw units, 44-55x the latents' std in channels 1, 2 and 4
-(background cells moved too). A transformer LoRA trained on encoder latents can only learn blue.
+On wan-shapes every violet comes back blue, since the encoder's latent for purple is blue's, and
+the latents that do decode to purple lie far outside those the encoder makes; so a transformer
+LoRA trained on encoder latents can only learn blue (measured with `--invert 12` in
+vidserve/weights/wan-shapes/README.md, "Training history", "Purple through the frozen VAE").
 """
 
 from __future__ import annotations

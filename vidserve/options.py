@@ -28,9 +28,10 @@ class AttentionOptions(BaseModel):
     mode: Literal["dense", "topk"] = "dense"
     density: float = Field(0.125, gt=0, le=1, description="Share of key tiles each query tile keeps; with "
                            "selection 'mass', the most kept on average over all query tiles and heads.")
-    # Measured on 2 CPU cores (benchmarks/RESULTS.md): with these defaults "mass" runs 5.3x
-    # dense at L=8192 (top-k at the same density: 4.4x) with cosine >= 0.994, and at L=16384
-    # keeps more of the attention than top-k for the same cost.
+    # With these defaults "mass" runs faster than top-k at the same density where its rows need
+    # fewer tiles than the total allows, and keeps more of the attention than top-k for the same
+    # cost where the total binds: measured in benchmarks/RESULTS.md, "Block-sparse attention on
+    # CPU" ("Selection by attention mass (the default), against top-k").
     selection: Literal["topk", "mass"] = Field(
         "mass", description="How many key tiles each query tile keeps: 'topk' the same share everywhere; "
         "'mass' per query tile and head, enough for `mass` of the estimated attention, within "
@@ -46,9 +47,9 @@ class AttentionOptions(BaseModel):
     sink: bool = Field(False, description="Always keep the first frame's tiles.")
     dense_steps: int = Field(0, ge=0, description="The first denoising steps run dense (layout forms early).")
     dense_layers: int = Field(0, ge=0, description="The first transformer blocks run dense.")
-    # Below ~1k tokens tiling and selection cost more than the attention they skip (2-core CPU:
-    # 0.43x at 512 tokens, 1.75x at 1024 in fp32; benchmarks/RESULTS.md), and a few tiles leave
-    # top-k no choice worth making.
+    # Below ~1k tokens tiling and selection cost more than the attention they skip (measured in
+    # benchmarks/RESULTS.md, "Block-sparse attention on CPU", "Small grids"), and a few tiles
+    # leave top-k no choice worth making.
     min_tokens: int = Field(1024, ge=0, description="A forward pass over fewer video tokens runs dense: "
                             "sparsity saves nothing there (0: always sparse).")
 

@@ -31,9 +31,9 @@ from transformers import DynamicCache
 from .model import ChatModel
 from .sequence import Sequence
 
-# Rows in a burst pass. On the reference 2-core CPU a pass of 4-8 rows of 256 tokens prefills
-# ~25% faster per token than one row of 256 or one packed row of 1,760 (whose attention grows
-# with the square of its length).
+# Rows in a burst pass. A pass of several 256-token rows prefills faster per token than one row
+# of 256 or one long packed row, whose attention grows with the square of its length (measured
+# in benchmarks/RESULTS.md, "Chat: continuous batching vs sequential generate").
 BURST_ROWS = 8
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv heads, tokens, head dim]

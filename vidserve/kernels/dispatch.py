@@ -9,9 +9,10 @@
 Queries and keys are tiled differently. Keys use `tile` (64 tokens by default). Queries use
 `query_tile`, by default `tile` with its height doubled (128 tokens): all queries of a
 query tile share one selection. Twice as many queries per gathered key block halves the
-gather work and gives the matmuls a better shape: on the reference CPU at density 0.125,
-sparse attention runs 4-7% faster in fp32 and 8-25% faster in bf16 than with 64-token
-query tiles, for 0.0005-0.0006 less cosine similarity to dense (benchmarks/RESULTS.md).
+gather work and gives the matmuls a better shape: on CPU, sparse attention runs faster than
+with 64-token query tiles, in fp32 and more so in bf16, for slightly less cosine similarity
+to dense (measured in benchmarks/RESULTS.md, "Block-sparse attention on CPU", "Top-k
+selection and its options").
 On a GPU, 128 query rows per program is also the usual flash-attention block. Height rather
 than width is doubled because Wan latent widths (52 at 480p) are not multiples of 8 while
 the tile-padded heights (30 -> 32) are, so no extra padding is computed.
@@ -77,9 +78,9 @@ def sparse_attention(
     neighbours: also always keep the key tiles within this many tiles (on every axis) of
         the query tile; 0 (default) keeps only the key tiles the query tile itself covers.
         Default 0 because a radius-1 neighbourhood (up to 27-36 key tiles) outgrows the
-        whole budget at density 0.125 up to L=16k (16-32 tiles), so it raises the cost
-        (1.4-1.6x at L=8192, where it forces 24 tiles) for about the fidelity that spending the
-        same larger budget by score gives (benchmarks/RESULTS.md); top-k keeps the
+        whole budget at density 0.125 up to L=16k (16-32 tiles), so it raises the cost for
+        about the fidelity that spending the same larger budget by score gives (measured in
+        benchmarks/RESULTS.md, "Top-k selection and its options"); top-k keeps the
         neighbours that matter anyway, since they score high when content is local.
     sink: also always keep the key tiles of the first frame.
     backend: "triton" (CUDA), "torch", "reference" (masked dense, slow) or None: triton on

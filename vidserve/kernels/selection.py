@@ -22,10 +22,11 @@ The total cost is bounded by top-k's: per batch element, the tiles kept over all
 and query tiles never exceed what "topk" at `density` keeps; where the rows want more,
 the tiles with the least pooled mass beyond each row's minimum are dropped first, across
 all heads and query tiles (the most estimated mass for the cost). Only minimums above that
-total (`min_density` above `density`) can exceed it. On the synthetic video-like inputs
-(benchmarks/RESULTS.md), where the total binds (L=16384) this keeps more of the attention
-than "topk" at the same cost; where it does not (L=8192), `mass` stops rows early and
-saves about a quarter of the tiles for a small loss of fidelity.
+total (`min_density` above `density`) can exceed it. On the synthetic video-like inputs,
+where the total binds (L=16384) this keeps more of the attention than "topk" at the same
+cost; where it does not (L=8192), `mass` stops rows early and saves tiles for a small loss
+of fidelity (measured in benchmarks/RESULTS.md, "Selection by attention mass (the default),
+against top-k").
 
 In either mode, `density` >= 1 keeps every key tile (exact dense attention).
 
