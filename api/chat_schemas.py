@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
 
 from vidserve.options import RepetitionOptions
 
@@ -107,3 +107,75 @@ class ChatCompletionCreate(_Strict):
 
     def format_dict(self) -> dict | None:
         return self.response_format.model_dump(by_alias=True, exclude_none=True) if self.response_format else None
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None
+    stop_reason: str | None = Field(None, description="What stopped it, beyond OpenAI's finish_reason: a stop "
+                                                      "string, or `repetition` (loop detection).")
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[Choice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    """What a chunk adds: only the fields it carries are sent."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_what_it_carries(self, handler):
+        return {name: value for name, value in handler(self).items() if value is not None}
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    logprobs: None = None
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _stop_reason_once_finished(self, handler):
+        data = handler(self)
+        if self.finish_reason is None:
+            del data["stop_reason"]
+        return data
+
+
+class ChatCompletionChunk(BaseModel):
+    """One `data:` event of a streamed answer: `stop_reason` only with a finish_reason, and
+    `usage` only when asked for (then null on every chunk but a last one with no choices)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None

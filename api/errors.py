@@ -15,6 +15,7 @@ from vidserve.jobs import Job
 from vidserve.outages import STORE_UNAVAILABLE
 from vidserve.storage import StorageUnavailable
 
+from .responses import ErrorDetail, ErrorResponse
 from .services import services
 
 log = logging.getLogger("vidserve.api")
@@ -48,8 +49,9 @@ def video_expired(job: Job, param: str | None = None) -> APIError:
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    body = ErrorResponse(error=ErrorDetail(message=message, type=_TYPES.get(status, "server_error"), param=param,
+                                           code=code))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def unavailable(message: str, code: str) -> JSONResponse:

@@ -17,7 +17,9 @@ from pydantic.json_schema import models_json_schema
 
 from vidserve.formats import FORMATS
 
+from .chat_schemas import ChatCompletionChunk
 from .forms import JSON_FIELDS
+from .responses import ErrorResponse
 from .schemas import VideoCreate, VideoExtend, VideoRemix
 
 # (path, method) -> (body model, its file fields in multipart). Remix takes JSON only.
@@ -25,17 +27,6 @@ BODIES: dict[tuple[str, str], tuple[type[BaseModel], tuple[str, ...]]] = {
     ("/v1/videos", "post"): (VideoCreate, ("input_reference",)),
     ("/v1/videos/extensions", "post"): (VideoExtend, ("video",)),
     ("/v1/videos/{video_id}/remix", "post"): (VideoRemix, ()),
-}
-
-_ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}},
-    }},
 }
 
 _MEANINGS = {
@@ -71,6 +62,13 @@ _ROUTE_ERRORS = {
     ("/metrics", "get"): ("401", "403", "429"),
 }
 
+# One event of a streamed chat answer: its data is a chunk, or the error that ended the
+# answer, as JSON; or OpenAI's closing `[DONE]`.
+_CHAT_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"anyOf": [
+    {"const": "[DONE]"},
+    {"type": "string", "contentMediaType": "application/json", "contentSchema": {"oneOf": [
+        {"$ref": "#/components/schemas/ChatCompletionChunk"}, {"$ref": "#/components/schemas/ErrorResponse"}]}}]}}}
+
 # What the successes carry where it is not JSON (or not only JSON): a variant's file.
 _CONTENT = {media_type: {"schema": {"type": "string", "format": "binary"}}
             for media_type in ["video/mp4", "image/webp", "image/jpeg", *(f.media_type for f in FORMATS.values())]}
@@ -85,7 +83,8 @@ _SUCCESSES = {
         "200": {"description": "Server-Sent Events until the video ends.", "content": {"text/event-stream": {}}}},
     ("/v1/chat/completions", "post"): {
         "200": {"description": "A chat.completion, or with stream=true chat.completion.chunk events.",
-                "content": {"application/json": {}, "text/event-stream": {}}}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+                            "text/event-stream": {"schema": _CHAT_EVENT}}}},
 }
 
 
@@ -101,10 +100,10 @@ def install(app: FastAPI) -> None:
 def build(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    _, defs = models_json_schema([(model, "validation") for model, _ in BODIES.values()],
+    bodies = [(model, "validation") for model, _ in BODIES.values()]
+    _, defs = models_json_schema([*bodies, (ErrorResponse, "serialization"), (ChatCompletionChunk, "serialization")],
                                  ref_template="#/components/schemas/{model}")
     components.update(defs.get("$defs", {}))
-    components["Error"] = _ERROR
     schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
                                                           "description": "An API key, when the server has any."}}
     # A JSON body may carry the first frame too, as a data URL (forms.read_body takes it out).
@@ -122,7 +121,7 @@ def build(app: FastAPI) -> dict[str, Any]:
                 operation["security"] = [{"bearer": []}, {}]  # {}: a server without keys takes anyone
             for status in _EVERY + common + _ROUTE_ERRORS.get((path, method), ()):
                 responses[status] = {"description": _MEANINGS[status], "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+                    "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
     return schema
 
 

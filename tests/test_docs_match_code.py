@@ -13,3 +13,23 @@ def test_readme_lists_every_setting_as_settings_declares_it():
     readme = README.read_text()
     assert settings_table() in readme, (
         "README's Settings table differs from the Settings class: paste the output of `python -m vidserve.config`")
+
+
+def test_the_served_schema_names_the_response_models(tmp_path):
+    from vidserve.api.app import create_app
+    from vidserve.config import Settings
+
+    schema = create_app(Settings(data_dir=tmp_path / "data", chat_model="")).openapi()
+
+    def success(path: str, method: str, media_type: str = "application/json") -> dict:
+        return schema["paths"][path][method]["responses"]["200"]["content"][media_type]["schema"]
+
+    assert success("/v1/videos/{video_id}", "get") == {"$ref": "#/components/schemas/VideoObject"}
+    assert success("/v1/videos", "get") == {"$ref": "#/components/schemas/VideoList"}
+    assert success("/v1/chat/completions", "post") == {"$ref": "#/components/schemas/ChatCompletion"}
+    event = success("/v1/chat/completions", "post", "text/event-stream")["properties"]["data"]["anyOf"][1]
+    assert {"$ref": "#/components/schemas/ChatCompletionChunk"} in event["contentSchema"]["oneOf"]
+    error = schema["paths"]["/v1/videos/{video_id}"]["get"]["responses"]["404"]["content"]["application/json"]
+    assert error["schema"]["$ref"] == "#/components/schemas/ErrorResponse"
+    video = schema["components"]["schemas"]["VideoObject"]
+    assert {"id", "status", "progress", "chunks", "outputs"} <= set(video["required"])

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from vidserve.config import Settings
-from vidserve.jobs import Job, JobStatus, video_object
+from vidserve.jobs import Job, JobStatus
+from vidserve.video_object import VideoObject
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
@@ -90,7 +91,7 @@ def test_a_job_record_from_before_warnings_loads_with_none():
     record = json.loads(Job(model="wan-shapes", prompt="a cat", params=params).model_dump_json())
     del record["warnings"]
     job = Job.model_validate_json(json.dumps(record))
-    assert job.warnings == [] and video_object(job)["warnings"] == []
+    assert job.warnings == [] and VideoObject.of(job).model_dump()["warnings"] == []
 
 
 # Prompts from the shapes world: the stillest (a still shape) and one on each background. Fewer
@@ -123,11 +124,11 @@ def test_the_playground_shows_a_videos_warnings(tmp_path):
     params = JobParams(width=64, height=64, num_frames=33, fps=16, steps=4, guidance=1.0, seed=7,
                        chunk_frames=(33,), seconds="2.0625")
     job = Job(id="video_blank", model="wan-tiny", prompt="a red fox in snow", params=params)
-    queued = video_object(job)
+    queued = VideoObject.of(job).model_dump(mode="json")
     frames = np.zeros((33, 64, 64, 3), np.uint8)
     job.status, job.progress, job.completed_at, job.warnings = JobStatus.completed, 100, job.created_at + 3, \
         output_warnings(frames)
-    completed = video_object(job)
+    completed = VideoObject.of(job).model_dump(mode="json")
     mp4 = encode_mp4(frames, tmp_path / "blank.mp4", fps=16).read_bytes()
     models = {"data": [{"id": "wan-tiny", "kind": "t2v", "size": "64x64", "fps": 16, "frames_per_chunk": 33}]}
 

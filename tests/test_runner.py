@@ -10,7 +10,8 @@ import pytest
 
 from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
-from vidserve.jobs import Job, JobStatus, video_object
+from vidserve.jobs import Job, JobStatus
+from vidserve.video_object import VideoObject
 from vidserve.jobstore_sqlite import SQLiteJobStore
 from vidserve.options import AttentionOptions
 from vidserve.params import JobParams
@@ -101,7 +102,7 @@ def test_a_blank_video_completes_with_a_warning_logged_and_counted(runner, monke
     assert final.status is JobStatus.completed
     expected = [{"code": "blank_output",
                  "message": "all 9 frames are nearly black (mean luma 0.0/255); try another seed or prompt"}]
-    assert video_object(runner.store.get(job.id))["warnings"] == expected
+    assert VideoObject.of(runner.store.get(job.id)).model_dump()["warnings"] == expected
     assert any(job.id in r.getMessage() and "blank_output" in r.getMessage() for r in caplog.records)
     count = runner.metrics.registry.get_sample_value("vidserve_output_warnings_total",
                                                      {"model": "wan-tiny", "code": "blank_output"})
@@ -110,7 +111,7 @@ def test_a_blank_video_completes_with_a_warning_logged_and_counted(runner, monke
 
 def test_wan_tiny_noise_completes_without_warnings(runner):
     final = runner.run(queued(runner).id)
-    assert final.status is JobStatus.completed and video_object(final)["warnings"] == []
+    assert final.status is JobStatus.completed and VideoObject.of(final).model_dump()["warnings"] == []
     assert runner.metrics.registry.get_sample_value("vidserve_output_warnings_total",
                                                     {"model": "wan-tiny", "code": "blank_output"}) is None
 
@@ -123,7 +124,7 @@ def test_wan_tiny_noise_completes_without_warnings(runner):
 def test_the_video_says_which_attention_ran(runner, attention, effective):
     final = runner.run(queued(runner, attention=AttentionOptions(**attention)).id)
     assert final.status is JobStatus.completed
-    assert video_object(final)["attention"] == {**AttentionOptions(**attention).model_dump(), "effective": effective}
+    assert VideoObject.of(final).attention == {**AttentionOptions(**attention).model_dump(), "effective": effective}
 
 
 def test_a_one_chunk_video_is_stored_once_as_the_video(runner, tmp_path):

@@ -47,7 +47,8 @@ import httpx
 
 from vidserve import outbound
 from vidserve.config import Settings
-from vidserve.jobs import Job, JobStore, WebhookDelivery, video_object
+from vidserve.jobs import Job, JobStore, WebhookDelivery
+from vidserve.video_object import VideoObject
 
 log = logging.getLogger("vidserve.webhooks")
 
@@ -332,4 +333,4 @@ def announce(webhooks: WebhookSender | None, settings: Settings, job: Job) -> No
     """Send the job's terminal event to its webhook (or the server's), if any."""
     url = job.webhook_url or settings.webhook_url
     if webhooks is not None and url and job.status.terminal:
-        webhooks.send(url, f"video.{job.status.value}", video_object(job))
+        webhooks.send(url, f"video.{job.status.value}", VideoObject.of(job).model_dump(mode="json"))

@@ -8,7 +8,6 @@ or its prompt prefilled."""
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 
@@ -20,8 +19,10 @@ from vidserve.chat import to_model_messages
 from vidserve.errors import EngineOverloaded
 
 from ..auth import authenticate
-from ..chat_schemas import ChatCompletionCreate
+from ..chat_schemas import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, Choice,
+                            ChunkChoice, Delta, Usage)
 from ..errors import APIError
+from ..responses import ErrorDetail, ErrorResponse
 from ..services import Services, services
 
 router = APIRouter(prefix="/v1/chat/completions", tags=["chat"], dependencies=[Depends(authenticate)])
@@ -29,7 +30,7 @@ router = APIRouter(prefix="/v1/chat/completions", tags=["chat"], dependencies=[D
 DISCONNECT_POLL_SECONDS = 0.5
 
 
-@router.post("")
+@router.post("", response_model=ChatCompletion)
 async def create_chat_completion(body: ChatCompletionCreate, request: Request, svc: Services = Depends(services)):
     engine = svc.chat
     if engine is None:
@@ -78,7 +79,7 @@ def _prepare(svc: Services, body: ChatCompletionCreate):
     return prompt, params, engine.grammars.compile(body.format_dict())
 
 
-async def _complete(request: Request, completion: dict, first, outputs) -> dict:
+async def _complete(request: Request, completion: dict, first, outputs) -> ChatCompletion:
     async def collect():
         out, parts = first, [first.text]
         while not out.finished:
@@ -88,10 +89,9 @@ async def _complete(request: Request, completion: dict, first, outputs) -> dict:
 
     text, last = await _unless_disconnected(request, outputs, collect())
     _raise_if_failed(last)
-    return {**completion, "object": "chat.completion", "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": last.finish_reason, "stop_reason": last.stop_reason}],
-            "usage": _usage(last)}
+    choice = Choice(message=AssistantMessage(content=text), finish_reason=last.finish_reason,
+                    stop_reason=last.stop_reason)
+    return ChatCompletion(**completion, choices=[choice], usage=_usage(last))
 
 
 async def _unless_disconnected(request: Request, outputs, work):
@@ -110,38 +110,32 @@ async def _unless_disconnected(request: Request, outputs, work):
 
 
 async def _events(completion: dict, first, outputs, include_usage: bool):
-    def chunk(delta: dict, finish_reason=None, stop_reason=None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        if finish_reason:
-            choice["stop_reason"] = stop_reason
-        body = {**completion, "object": "chat.completion.chunk", "choices": [choice]}
-        if include_usage:
-            body["usage"] = None
-        return f"data: {json.dumps(body)}\n\n"
+    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
+        body = ChatCompletionChunk(**completion, choices=choices, usage=usage)
+        return f"data: {body.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
 
-    yield chunk({"role": "assistant", "content": ""})
+    yield chunk([ChunkChoice(delta=Delta(role="assistant", content=""))])
     out = first
     while True:
         if out.finish_reason == "error":
-            error = {"message": f"generation failed: {out.error}", "type": "server_error", "param": None,
-                     "code": "generation_failed"}
-            yield f"data: {json.dumps({'error': error})}\n\n"
+            error = ErrorDetail(message=f"generation failed: {out.error}", type="server_error", param=None,
+                                code="generation_failed")
+            yield f"data: {ErrorResponse(error=error).model_dump_json()}\n\n"
             break
         if out.text:
-            yield chunk({"content": out.text})
+            yield chunk([ChunkChoice(delta=Delta(content=out.text))])
         if out.finished:
-            yield chunk({}, out.finish_reason, out.stop_reason)
+            yield chunk([ChunkChoice(delta=Delta(), finish_reason=out.finish_reason, stop_reason=out.stop_reason)])
             if include_usage:  # OpenAI's last chunk: no choices, the usage
-                usage = {**completion, "object": "chat.completion.chunk", "choices": [], "usage": _usage(out)}
-                yield f"data: {json.dumps(usage)}\n\n"
+                yield chunk([], _usage(out))
             break
         out = await anext(outputs)
     yield "data: [DONE]\n\n"
 
 
-def _usage(out) -> dict:
-    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-            "total_tokens": out.prompt_tokens + out.completion_tokens}
+def _usage(out) -> Usage:
+    return Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
+                 total_tokens=out.prompt_tokens + out.completion_tokens)
 
 
 def _raise_if_failed(out) -> None:

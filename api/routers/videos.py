@@ -13,15 +13,17 @@ from fastapi.concurrency import run_in_threadpool
 
 from vidserve import jobs
 from vidserve.errors import echo
-from vidserve.jobs import Job, JobNotFound, JobStatus, video_object
+from vidserve.jobs import Job, JobNotFound, JobStatus
 from vidserve.keys import Caller
 from vidserve.renditions import NAME_PATTERN
+from vidserve.video_object import VideoObject
 from vidserve.webhooks import announce
 
 from ..auth import authenticate, capped_stream
 from ..content import stored_file_response
 from ..errors import APIError, not_found, video_expired
 from ..forms import read_body, request_hash, validate
+from ..responses import VideoDeleted, VideoList
 from ..schemas import VideoCreate, VideoExtend, VideoRemix
 from ..services import Services, services
 from ..submission import submit_extension, submit_remix, submit_video
@@ -33,7 +35,7 @@ VARIANTS = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "ima
 EVENT_POLL_SECONDS = 0.2
 
 
-@router.post("")
+@router.post("", response_model=VideoObject)
 async def create_video(request: Request, svc: Services = Depends(services), caller: Caller = Depends(authenticate),
                        idempotency_key: str | None = Header(None, max_length=256)):
     if idempotency_key is not None and not idempotency_key.strip():
@@ -45,19 +47,19 @@ async def create_video(request: Request, svc: Services = Depends(services), call
     job = await run_in_threadpool(submit_video, svc, caller, body, files.get("input_reference"),
                                   idempotency_key=idempotency_key,
                                   request_hash=request_hash(fields, files) if idempotency_key else None)
-    return video_object(job)
+    return VideoObject.of(job)
 
 
-@router.post("/extensions")
+@router.post("/extensions", response_model=VideoObject)
 async def extend_video(request: Request, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     """Continue a video from its last frame; the new video is the source followed by the new frames."""
     fields, files = await read_body(request, svc.settings.max_upload_bytes, ("video",))
     body = validate(VideoExtend, fields)
     job = await run_in_threadpool(submit_extension, svc, caller, body, files.get("video"))
-    return video_object(job)
+    return VideoObject.of(job)
 
 
-@router.get("")
+@router.get("", response_model=VideoList)
 async def list_videos(svc: Services = Depends(services), caller: Caller = Depends(authenticate),
                       after: str | None = None, limit: int = Query(20, ge=1, le=100),
                       order: str = Query("desc", pattern="^(asc|desc)$")):
@@ -65,9 +67,7 @@ async def list_videos(svc: Services = Depends(services), caller: Caller = Depend
         page, has_more = await run_in_threadpool(svc.store.list, after, limit, order, caller.scope)
     except JobNotFound:
         raise APIError(400, f"after: no video with id {echo(after)}", param="after") from None
-    data = [video_object(job) for job in page]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+    return VideoList.of([VideoObject.of(job) for job in page], has_more)
 
 
 def _get(svc: Services, caller: Caller, video_id: str) -> Job:
@@ -78,12 +78,12 @@ def _get(svc: Services, caller: Caller, video_id: str) -> Job:
     return job
 
 
-@router.get("/{video_id}")
+@router.get("/{video_id}", response_model=VideoObject)
 async def retrieve_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
-    return video_object(await run_in_threadpool(_get, svc, caller, video_id))
+    return VideoObject.of(await run_in_threadpool(_get, svc, caller, video_id))
 
 
-@router.post("/{video_id}/cancel")
+@router.post("/{video_id}/cancel", response_model=VideoObject)
 async def cancel_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     job = await run_in_threadpool(_get, svc, caller, video_id)
     if job.status.terminal:
@@ -94,10 +94,10 @@ async def cancel_video(video_id: str, svc: Services = Depends(services), caller:
         raise not_found(video_id) from None
     if job.status is JobStatus.cancelled:  # it was still queued; a running job is announced by its worker
         announce(svc.webhooks, svc.settings, job)
-    return video_object(job)
+    return VideoObject.of(job)
 
 
-@router.delete("/{video_id}")
+@router.delete("/{video_id}", response_model=VideoDeleted)
 async def delete_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     def delete() -> None:
         _get(svc, caller, video_id)
@@ -113,7 +113,7 @@ async def delete_video(video_id: str, svc: Services = Depends(services), caller:
         svc.storage.delete_prefix(f"{video_id}/")
 
     await run_in_threadpool(delete)
-    return {"id": video_id, "object": "video.deleted", "deleted": True}
+    return VideoDeleted(id=video_id)
 
 
 @router.get("/{video_id}/content")
@@ -163,14 +163,14 @@ def _variant(job: Job, variant: str) -> tuple[str, str]:
     return key, next(r.media_type for r in job.params.outputs if r.name == variant)
 
 
-@router.post("/{video_id}/remix")
+@router.post("/{video_id}/remix", response_model=VideoObject)
 async def remix_video(video_id: str, request: Request, svc: Services = Depends(services),
                       caller: Caller = Depends(authenticate)):
     fields, _ = await read_body(request, svc.settings.max_upload_bytes, ())
     remix = validate(VideoRemix, fields)
     source = await run_in_threadpool(_get, svc, caller, video_id)
     job = await run_in_threadpool(submit_remix, svc, caller, source, remix.prompt, remix.outputs)
-    return video_object(job)
+    return VideoObject.of(job)
 
 
 @router.get("/{video_id}/events")
@@ -187,7 +187,7 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
         while True:
             job = await run_in_threadpool(svc.store.get, video_id)
             if job is None:
-                yield _event("video.deleted", {"id": video_id, "object": "video.deleted", "deleted": True})
+                yield _event("video.deleted", VideoDeleted(id=video_id).model_dump())
                 return
             for chunk in sorted(job.chunks, key=lambda c: c["index"]):
                 if chunk["index"] not in announced:
@@ -199,7 +199,7 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
             now = (job.status, job.progress, job.stage)
             if now != last:
                 kind = "video.progress" if last is not None and job.status == last[0] else f"video.{job.status.value}"
-                yield _event(kind, video_object(job))
+                yield _event(kind, VideoObject.of(job).model_dump(mode="json"))
                 last, idle = now, 0.0
             if job.status.terminal or await request.is_disconnected():
                 return

@@ -1,0 +1,94 @@
+"""The video object: a job as OpenAI's Videos API shapes a video, plus vidserve's documented
+extensions. The API answers with it, and webhooks and events carry it: this model is that
+contract, and the served schema's `VideoObject`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vidserve.jobs import Job, JobError, JobStatus
+from vidserve.loras import LoraRequest
+from vidserve.quality import OutputWarning
+
+
+class VideoChunk(BaseModel):
+    """A chunk of a chained video, once made."""
+
+    index: int
+    frames: int
+    drift: dict[str, Any] = Field(description="Drift metrics against the chunk it continues (drift.py).")
+    prompt: str | None = None
+
+
+class VideoObject(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal[tuple(status.value for status in JobStatus)]
+    progress: int = Field(description="0-100 over the denoising steps, then encoding.")
+    stage: str | None = Field(description="What a running job is doing now (e.g. encoding); null otherwise.")
+    created_at: int
+    completed_at: int | None
+    expires_at: int | None = Field(description="When its files are deleted (unix time); null: kept until deleted.")
+    prompt: str
+    seconds: str
+    size: str
+    remixed_from_video_id: str | None
+    error: JobError | None
+    # Extensions: what exactly was generated, and how it went.
+    warnings: list[OutputWarning] = Field(description="A completed video that looks wrong: blank, flat, frozen.")
+    negative_prompt: str | None
+    num_frames: int
+    fps: int
+    num_inference_steps: int
+    guidance_scale: float
+    seed: int
+    attention: dict[str, Any] = Field(description="The attention options, and `effective`: what ran.")
+    cache: dict[str, Any]
+    loras: list[LoraRequest]
+    preset: str | None
+    prompts: list[str] | None
+    prompt_extend: bool
+    extended_prompt: str | None
+    caption_chain: bool
+    drift_correction: str
+    extends_video_id: str | None
+    chunks: list[VideoChunk]
+    has_input_reference: bool
+    outputs: list[dict[str, Any]] = Field(description="Renditions beside video, thumbnail and spritesheet: "
+                                                      "content?variant=NAME once completed.")
+    started_at: int | None
+    attempts: int
+    timings: dict[str, float] | None
+    metadata: dict[str, str] | None
+
+    @classmethod
+    def of(cls, job: Job) -> "VideoObject":
+        p = job.params
+        frames = p.source_frames + p.num_frames
+        return cls(
+            id=job.id, model=job.model, status=job.status.value, progress=job.progress,
+            stage=job.stage if job.status is JobStatus.in_progress else None,
+            created_at=int(job.created_at), completed_at=_unix(job.completed_at), expires_at=_unix(job.expires_at),
+            prompt=job.prompt, seconds=p.seconds, size=f"{p.width}x{p.height}",
+            remixed_from_video_id=job.remixed_from_video_id, error=job.error, warnings=job.warnings,
+            negative_prompt=p.negative_prompt or None, num_frames=frames, fps=p.fps, num_inference_steps=p.steps,
+            guidance_scale=p.guidance, seed=p.seed,
+            attention={**p.attention.model_dump(), "effective": job.attention_effective},
+            cache=p.cache.model_dump(), loras=list(p.loras), preset=p.preset, prompts=list(p.prompts) or None,
+            prompt_extend=p.prompt_extend, extended_prompt=job.extended_prompt, caption_chain=p.caption_chain,
+            drift_correction=p.drift_correction, extends_video_id=job.extends_video_id,
+            chunks=[VideoChunk(index=c["index"], frames=c["frames"], drift=c["drift"], prompt=c.get("prompt"))
+                    for c in job.chunks],
+            has_input_reference=job.input_image_key is not None,
+            outputs=[r.describe(frames, p.fps, job.output_bytes.get(r.name)) for r in p.outputs],
+            started_at=_unix(job.started_at), attempts=job.attempts, timings=job.timings or None,
+            metadata=job.metadata)
+
+
+def _unix(seconds: float | None) -> int | None:
+    return int(seconds) if seconds else None
