@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vidserve.keys import ANONYMOUS, Caller
-from vidserve.outages import STORE_UNAVAILABLE
+from vidserve.jobs.outages import STORE_UNAVAILABLE
 
 from .errors import APIError, error_response
 from .services import Services

@@ -12,7 +12,7 @@ from starlette.routing import Match
 
 from vidserve.errors import InvalidRequest, echo, from_validation_error
 from vidserve.jobs import Job
-from vidserve.outages import STORE_UNAVAILABLE
+from vidserve.jobs.outages import STORE_UNAVAILABLE
 from vidserve.storage import StorageUnavailable
 
 from .responses import ErrorDetail, ErrorResponse
@@ -20,7 +20,7 @@ from .services import services
 
 log = logging.getLogger("vidserve.api")
 
-# An outage (vidserve/outages.py) anywhere in a request is a 503 the client can retry this soon.
+# An outage (vidserve/jobs/outages.py) anywhere in a request is a 503 the client can retry this soon.
 RETRY_AFTER_SECONDS = 5
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

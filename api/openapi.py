@@ -15,7 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from vidserve.formats import FORMATS
+from vidserve.media.formats import FORMATS
 
 from .chat_schemas import ChatCompletionChunk
 from .forms import JSON_FIELDS

@@ -1,4 +1,4 @@
-"""The response contract beside the video object (`vidserve.video_object.VideoObject`):
+"""The response contract beside the video object (`vidserve.jobs.video_object.VideoObject`):
 lists, deletions and errors, served as named schemas in /openapi.json."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from vidserve.video_object import VideoObject
+from vidserve.jobs.video_object import VideoObject
 
 
 class VideoList(BaseModel):

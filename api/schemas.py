@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vidserve.loras import LoraRequest
-from vidserve.renditions import OutputRequest
+from vidserve.media.renditions import OutputRequest
 
 OUTPUTS_DESCRIPTION = ("Renditions to make beside the default H.264 MP4 (`video`): each downloads as "
                        "content?variant=NAME once the video is completed.")

@@ -11,7 +11,7 @@ from fastapi import Request
 
 from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
-from vidserve.expiry import ExpirySweeper
+from vidserve.jobs.expiry import ExpirySweeper
 from vidserve.jobs import Job, JobStore
 from vidserve.keys import KeyRing
 from vidserve.loras import LoraRegistry
@@ -98,13 +98,13 @@ def build_services(settings: Settings) -> Services:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     metrics = Metrics()
     if settings.queue == "celery":  # refused before any model loads: a one-line error, not a slow start first
-        from vidserve.redis_persistence import require_durable
+        from vidserve.jobs.redis_persistence import require_durable
 
         metrics.redis_volatile(require_durable(settings.redis_url, settings.allow_volatile_redis))
     storage = open_storage(settings)
     chat = build_chat_engine(settings, metrics)
     if settings.queue == "celery":
-        from vidserve.jobstore_redis import RedisJobStore
+        from vidserve.jobs.store_redis import RedisJobStore
         from vidserve.ratelimit import RedisRateLimiter
         from vidserve.workers.celery_app import CeleryQueue
 
@@ -113,7 +113,7 @@ def build_services(settings: Settings) -> Services:
         queue = CeleryQueue(settings, store, webhooks)
         limiter: RateLimiter = RedisRateLimiter(settings.redis_url)
     else:
-        from vidserve.jobstore_sqlite import SQLiteJobStore
+        from vidserve.jobs.store_sqlite import SQLiteJobStore
         from vidserve.workers.embedded import EmbeddedQueue
         from vidserve.workers.runner import JobRunner
 

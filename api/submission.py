@@ -14,7 +14,7 @@ from vidserve.media import VideoInfo, load_image, probe_video, read_last_frame
 from vidserve.outbound import check_url
 from vidserve.params import JobParams
 from vidserve.registry import ModelSpec, resolve, resolve_local
-from vidserve.renditions import OutputRequest, resolve_outputs
+from vidserve.media.renditions import OutputRequest, resolve_outputs
 from vidserve.requests import GenerationRequest, build_request, check_prompt
 from vidserve.telemetry import ANONYMOUS_LABEL
 

@@ -1,6 +1,6 @@
 """Any video request, one chunk or many: the entry point the CLI and the workers call.
 
-A clip longer than the model's chunk is a chain (see `vidserve.drift.chain`): chunk 1
+A clip longer than the model's chunk is a chain (see `vidserve.media.drift.chain`): chunk 1
 from the prompt (or the input image), chunk k+1 from the last frame of chunk k on the
 model's image-to-video continuation, each measured for drift against chunk 1 and, with
 `drift_correction="color"`, corrected to it. Progress counts steps across all chunks, and
@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageOps
 
-from vidserve.drift import Anchor, DriftMetrics, chain
+from vidserve.media.drift import Anchor, DriftMetrics, chain
 from vidserve.loras import LoraRegistry
 from vidserve.options import LoadOptions
 from vidserve.registry import resolve_local

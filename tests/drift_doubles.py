@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vidserve.drift import REC709
+from vidserve.media.drift import REC709
 
 
 def _hue_rotation(degrees: float) -> np.ndarray:

@@ -136,7 +136,7 @@ class SeaweedFS(_Service):
                 "-master.electionTimeout=1s"]
 
     def client(self):
-        from vidserve.storage_s3 import s3_client
+        from vidserve.storage.s3 import s3_client
 
         for name, value in S3_ENV.items():
             os.environ.setdefault(name, value)

@@ -11,7 +11,7 @@ from conftest import FAST_LEASE
 from polling import eventually
 from servers import Server, Worker
 
-from vidserve.jobstore_redis import RedisJobStore
+from vidserve.jobs.store_redis import RedisJobStore
 
 TINY = {"model": "wan-tiny", "size": "64x64", "num_frames": 33, "num_inference_steps": 4}
 # Long enough to be killed mid-run: ~100 steps of a few tens of ms.

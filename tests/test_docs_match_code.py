@@ -33,3 +33,22 @@ def test_the_served_schema_names_the_response_models(tmp_path):
     assert error["schema"]["$ref"] == "#/components/schemas/ErrorResponse"
     video = schema["components"]["schemas"]["VideoObject"]
     assert {"id", "status", "progress", "chunks", "outputs"} <= set(video["required"])
+
+
+ARCHITECTURE = README.parent / "docs" / "architecture.md"
+SOURCE_FOLDERS = ("", "vidserve", "vidserve/jobs", "vidserve/media", "vidserve/storage", "vidserve/kernels", "pipelines",
+                  "pipelines/llm", "workers", "api", "api/routers", "tests", "benchmarks", "training", "examples")
+
+
+def test_the_architecture_page_names_modules_that_exist_and_every_core_module():
+    import re
+
+    text = ARCHITECTURE.read_text()
+    named = set(re.findall(r"`((?:[\w.-]+/)*[\w-]+\.py)`", text))
+    missing = sorted(name for name in named
+                     if not any((README.parent / folder / name).is_file() for folder in SOURCE_FOLDERS))
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+    core = [path for folder in ("vidserve", "vidserve/jobs", "vidserve/media", "vidserve/storage")
+            for path in sorted((README.parent / folder).glob("*.py")) if path.name != "__init__.py"]
+    unnamed = [str(path.relative_to(README.parent)) for path in core if f"`{path.name}`" not in text]
+    assert not unnamed, f"docs/architecture.md does not name these core modules: {unnamed}"

@@ -1,4 +1,4 @@
-"""Drift metrics, colour matching and the reference chaining loop (vidserve.drift), on small synthetic frames."""
+"""Drift metrics, colour matching and the reference chaining loop (vidserve.media.drift), on small synthetic frames."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from drift_doubles import SyntheticDriftGenerator
-from vidserve.drift import Anchor, chain, color_stats, match_colors, measure
+from vidserve.media.drift import Anchor, chain, color_stats, match_colors, measure
 
 CHUNKS, FRAMES = 5, 9
 

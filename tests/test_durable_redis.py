@@ -16,7 +16,7 @@ from polling import eventually
 from servers import Server, VidserveProcess, Worker, free_port
 from stores import RedisServer
 
-from vidserve.redis_persistence import aof_enabled
+from vidserve.jobs.redis_persistence import aof_enabled
 
 # Short clips, so the scenario fits a couple of CPU cores: TINY jobs take seconds; LONG is long
 # enough to be running when Redis is killed and still running when it is back.

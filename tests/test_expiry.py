@@ -18,14 +18,14 @@ from queues import IdleQueue
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.config import Settings
-from vidserve.expiry import LOCK_NAME, ExpirySweeper
+from vidserve.jobs.expiry import LOCK_NAME, ExpirySweeper
 from vidserve.jobs import Job, JobStatus, complete
-from vidserve.jobstore_redis import RedisJobStore
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_redis import RedisJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
 from vidserve.storage import LocalStorage
-from vidserve.storage_s3 import S3Storage
+from vidserve.storage.s3 import S3Storage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret
 

@@ -28,8 +28,8 @@ from vidserve.api.content import _byte_range
 from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.errors import echo
-from vidserve.jobstore_redis import RedisJobStore
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_redis import RedisJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.media import VideoInfo, encode_mp4, probe_video
 from vidserve.registry import resolve, resolve_local
 from vidserve.storage import LocalStorage

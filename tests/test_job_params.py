@@ -20,12 +20,12 @@ from vidserve import cli
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.config import Settings
-from vidserve.jobstore_redis import RedisJobStore
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_redis import RedisJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.loras import LoraRequest
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
-from vidserve.renditions import Rendition
+from vidserve.media.renditions import Rendition
 from vidserve.requests import GenerationRequest
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics

@@ -12,8 +12,8 @@ import pytest
 
 from vidserve.jobs import (InvalidTransition, Job, JobError, JobNotFound, JobStatus, LeaseLost, WebhookDelivery,
                            cancelled, complete, fail, heartbeat, recover, request_cancel, start)
-from vidserve.jobstore_redis import RedisJobStore
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_redis import RedisJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.options import AttentionOptions, CacheOptions
 from vidserve.params import JobParams
 from vidserve.storage import LocalStorage

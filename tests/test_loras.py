@@ -18,7 +18,7 @@ from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
 from vidserve.jobs import Job, JobStatus
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.loras import LoraRegistry, read_adapter
 from vidserve.params import JobParams
 from vidserve.pipelines.loras import loaded_names

@@ -18,7 +18,7 @@ from queues import IdleQueue
 from vidserve.api.app import create_app
 from vidserve.api.services import Services, build_chat_engine
 from vidserve.config import Settings
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret

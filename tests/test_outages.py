@@ -28,13 +28,13 @@ from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve import jobs
 from vidserve.jobs import Job, JobStatus
-from vidserve.jobstore_redis import RedisJobStore
-from vidserve.jobstore_sqlite import SQLiteJobStore
-from vidserve.outages import through_outages
+from vidserve.jobs.store_redis import RedisJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
+from vidserve.jobs.outages import through_outages
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
 from vidserve.storage import LocalStorage, Storage, StorageUnavailable
-from vidserve.storage_s3 import _s3_errors
+from vidserve.storage.s3 import _s3_errors
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret
 from vidserve.workers.embedded import EmbeddedQueue

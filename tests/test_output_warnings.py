@@ -14,11 +14,11 @@ import pytest
 
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStatus
-from vidserve.video_object import VideoObject
+from vidserve.jobs.video_object import VideoObject
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
-from vidserve.quality import output_warnings
+from vidserve.media.quality import output_warnings
 from vidserve.registry import resolve
 from vidserve.requests import build_request
 

@@ -18,10 +18,10 @@ from probe import probe
 from vidserve import __version__
 from vidserve.api.app import create_app
 from vidserve.config import Settings
-from vidserve.encoder import ENCODERS, Encoder
+from vidserve.media.renderer import ENCODERS, Encoder
 from vidserve.media import encode_mp4, save_thumbnail
 from vidserve.pipelines import chain
-from vidserve.spritesheet import sprite_indices
+from vidserve.media.spritesheet import sprite_indices
 
 # The SDK marks its videos methods deprecated (OpenAI's own service); they still speak the API.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -17,12 +17,12 @@ from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStatus
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
-from vidserve.renditions import OutputRequest, resolve_outputs
+from vidserve.media.renditions import OutputRequest, resolve_outputs
 from vidserve.storage import open_storage
-from vidserve.storage_s3 import s3_client
+from vidserve.storage.s3 import s3_client
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret
 from vidserve.workers.runner import JobRunner

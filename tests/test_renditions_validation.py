@@ -13,7 +13,7 @@ from queues import IdleQueue
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.config import Settings
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.media import encode_mp4
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics

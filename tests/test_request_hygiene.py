@@ -22,7 +22,7 @@ from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.errors import ECHO_CHARS
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret

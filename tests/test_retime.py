@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from vidserve.retime import frame_count, retime
+from vidserve.media.retime import frame_count, retime
 
 # (source fps, target fps): up, down, whole and fractional ratios.
 RATES = [(16, 32), (16, 30), (16, 24), (24, 16), (16, 8), (16, 60), (24, 25)]

@@ -11,8 +11,8 @@ import pytest
 from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
 from vidserve.jobs import Job, JobStatus
-from vidserve.video_object import VideoObject
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.video_object import VideoObject
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.options import AttentionOptions
 from vidserve.params import JobParams
 from vidserve.pipelines import chain

@@ -23,10 +23,10 @@ from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
 from vidserve.jobs import JobStatus, complete
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.media import encode_mp4
 from vidserve.storage import LocalStorage, open_storage
-from vidserve.storage_s3 import S3Storage, s3_client
+from vidserve.storage.s3 import S3Storage, s3_client
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret
 

@@ -20,8 +20,8 @@ from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.errors import VidserveError
 from vidserve.jobs import JobStatus, complete
-from vidserve.jobstore_redis import RedisJobStore
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_redis import RedisJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.keys import KeyRing, key_digest
 from vidserve.media import encode_mp4
 from vidserve.storage import LocalStorage

@@ -22,8 +22,8 @@ from receivers import Receiver
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.config import Settings
-from vidserve.jobstore_redis import RedisJobStore
-from vidserve.jobstore_sqlite import SQLiteJobStore
+from vidserve.jobs.store_redis import RedisJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret, sign, verify

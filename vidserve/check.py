@@ -45,7 +45,7 @@ def attempt(name: str, check: Callable[[], str]) -> Result:
 
 
 def _redis(settings: Settings) -> str:
-    from vidserve.redis_persistence import aof_enabled, problem, shown
+    from vidserve.jobs.redis_persistence import aof_enabled, problem, shown
 
     enabled = aof_enabled(settings.redis_url)
     if enabled:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from vidserve.config import DEVICE_PATTERN, DTYPE_NAMES, Settings, get_settings
 from vidserve.errors import InvalidRequest, VidserveError, from_validation_error
-from vidserve.quality import output_warnings
+from vidserve.media.quality import output_warnings
 
 PROG = "vidserve"
 
@@ -96,8 +96,8 @@ def _cache_overrides(args: argparse.Namespace) -> dict | None:
 def _output_requests(given: list[str] | None, default: str):
     """--output PATH[,KEY=VALUE...] values (or `default`) as (path, OutputRequest) pairs; the
     format is the path's suffix's unless format= says otherwise."""
-    from vidserve.formats import FORMATS
-    from vidserve.renditions import OutputRequest
+    from vidserve.media.formats import FORMATS
+    from vidserve.media.renditions import OutputRequest
 
     by_suffix = {f.extension: name for name, f in FORMATS.items()}
     requests = []
@@ -118,11 +118,11 @@ def _output_requests(given: list[str] | None, default: str):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from vidserve.encoder import Provenance, Renderer
+    from vidserve.media.renderer import Provenance, Renderer
     from vidserve.loras import LoraRegistry
     from vidserve.media import load_image
     from vidserve.registry import resolve_local
-    from vidserve.renditions import resolve_output
+    from vidserve.media.renditions import resolve_output
     from vidserve.requests import build_request
 
     settings = _placed(_settings(args))

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vidserve.loras import LoraRequest
 from vidserve.options import AttentionOptions, CacheOptions
-from vidserve.renditions import Rendition
+from vidserve.media.renditions import Rendition
 from vidserve.requests import GenerationRequest
 
 

@@ -48,7 +48,7 @@ import httpx
 from vidserve import outbound
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStore, WebhookDelivery
-from vidserve.video_object import VideoObject
+from vidserve.jobs.video_object import VideoObject
 
 log = logging.getLogger("vidserve.webhooks")
 

@@ -23,7 +23,7 @@ from celery import Celery
 
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStatus, JobStore
-from vidserve.redis_persistence import require_durable
+from vidserve.jobs.redis_persistence import require_durable
 from vidserve.registry import resolve_local
 from vidserve.storage import open_storage
 from vidserve.telemetry import Metrics
@@ -198,7 +198,7 @@ class CeleryQueue:
 
 def run_worker(settings: Settings, model: str, metrics_port: int | None = None) -> int:
     """One worker process: load the model, then take its jobs one at a time."""
-    from vidserve.jobstore_redis import RedisJobStore
+    from vidserve.jobs.store_redis import RedisJobStore
     from vidserve.pipelines.video import get_pipeline
 
     volatile = require_durable(settings.redis_url, settings.allow_volatile_redis)  # before any model loads

@@ -15,7 +15,7 @@ import threading
 
 from vidserve import jobs
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore
-from vidserve.outages import OUTAGES
+from vidserve.jobs.outages import OUTAGES
 from vidserve.webhooks import announce
 
 from .runner import JobRunner

@@ -7,7 +7,7 @@ an atomic JobStore transition, so a job delivered twice still runs once, and it 
 lease alive while it works, so a job whose worker dies is noticed and run again.
 
 An outage never counts against a job: every job store write and storage call is retried
-for up to a lease (vidserve/outages.py). Past that, a storage outage gives the job back
+for up to a lease (vidserve/jobs/outages.py). Past that, a storage outage gives the job back
 (`jobs.release`) to run again, and a job store outage leaves it, untouched, to the lease
 reaper, which requeues it once its lease lapses.
 """
@@ -28,16 +28,16 @@ import numpy as np
 
 from vidserve import jobs
 from vidserve.config import Settings
-from vidserve.drift import DriftMetrics
-from vidserve.encoder import Provenance, Renderer
+from vidserve.media.drift import DriftMetrics
+from vidserve.media.renderer import Provenance, Renderer
 from vidserve.errors import JobCancelled, VidserveError
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore, LeaseLost
 from vidserve.loras import LoraRegistry
 from vidserve.media import encode_mp4, last_frame, load_image, read_video_bytes, save_thumbnail
-from vidserve.outages import STORE_UNAVAILABLE, through_outages
-from vidserve.quality import output_warnings
+from vidserve.jobs.outages import STORE_UNAVAILABLE, through_outages
+from vidserve.media.quality import output_warnings
 from vidserve.requests import GenerationRequest
-from vidserve.spritesheet import save_spritesheet
+from vidserve.media.spritesheet import save_spritesheet
 from vidserve.storage import Storage, StorageUnavailable
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, announce

@@ -15,8 +15,8 @@ from vidserve import jobs
 from vidserve.errors import echo
 from vidserve.jobs import Job, JobNotFound, JobStatus
 from vidserve.keys import Caller
-from vidserve.renditions import NAME_PATTERN
-from vidserve.video_object import VideoObject
+from vidserve.media.renditions import NAME_PATTERN
+from vidserve.jobs.video_object import VideoObject
 from vidserve.webhooks import announce
 
 from ..auth import authenticate, capped_stream

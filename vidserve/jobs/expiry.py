@@ -16,7 +16,7 @@ from vidserve import jobs
 from vidserve.jobs import InvalidTransition, JobNotFound, JobStatus, JobStore
 from vidserve.storage import Storage
 
-log = logging.getLogger("vidserve.expiry")
+log = logging.getLogger("vidserve.jobs.expiry")
 
 LOCK_NAME = "expiry-sweep"
 # Longer than any sweep; a holder that dies mid-sweep frees the lock by then. A sweep that

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vidserve.jobs import Job, JobError, JobStatus
 from vidserve.loras import LoraRequest
-from vidserve.quality import OutputWarning
+from vidserve.media.quality import OutputWarning
 
 
 class VideoChunk(BaseModel):

@@ -21,8 +21,9 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from vidserve.formats import FORMATS
-from vidserve.storage import Storage, StorageUnavailable, check_key
+from vidserve.media.formats import FORMATS
+
+from .base import Storage, StorageUnavailable, check_key
 
 MiB = 1024 * 1024
 # `mimetypes` does not know .webp or .apng on every Python this runs on.
@@ -58,7 +59,7 @@ def s3_client(endpoint_url: str | None = None) -> Any:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
         # Give up on a dead server within seconds, not boto3's minute: the caller's own retry
-        # loop (vidserve/outages.py) is what waits out an outage. A busy server can take a few
+        # loop (vidserve/jobs/outages.py) is what waits out an outage. A busy server can take a few
         # seconds to answer a large part; a dead one never answers.
         connect_timeout=3,
         read_timeout=10,

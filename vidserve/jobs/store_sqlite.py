@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery
+from vidserve.jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (

@@ -17,7 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from vidserve.storage import StorageUnavailable
 
-log = logging.getLogger("vidserve.outages")
+log = logging.getLogger("vidserve.jobs.outages")
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Literal
 from pydantic import BaseModel, Field
 
 from vidserve.params import JobParams
-from vidserve.quality import OutputWarning
+from vidserve.media.quality import OutputWarning
 
 
 class JobStatus(str, Enum):

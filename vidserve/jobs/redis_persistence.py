@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from vidserve.errors import VidserveError
-from vidserve.outages import through_outages
+from vidserve.jobs.outages import through_outages
 
 log = logging.getLogger("vidserve.redis")
 

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
-from vidserve.formats import CODECS, FORMATS, QUALITY_LEVELS, default_codec, is_lossless
+from vidserve.media.formats import CODECS, FORMATS, QUALITY_LEVELS, default_codec, is_lossless
 from vidserve.requests import parse_size
-from vidserve.retime import MIN_INTERPOLATION_SIDE, frame_count
+from vidserve.media.retime import MIN_INTERPOLATION_SIDE, frame_count
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 # Variants every video has (or, for chunk, a long one): no rendition may take their names.

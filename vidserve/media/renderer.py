@@ -17,11 +17,11 @@ import numpy as np
 
 from vidserve import __version__
 from vidserve.errors import EncodeFailed
-from vidserve.formats import CODECS, FORMATS
-from vidserve.frames_archive import FRAME_NAME, write_archive
+from vidserve.media.formats import CODECS, FORMATS
+from vidserve.media.frames_archive import FRAME_NAME, write_archive
 from vidserve.media import check_frames, ffmpeg_exe, stderr_tail
-from vidserve.renditions import Rendition
-from vidserve.retime import retime
+from vidserve.media.renditions import Rendition
+from vidserve.media.retime import retime
 
 
 @dataclass(frozen=True)

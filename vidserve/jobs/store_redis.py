@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import redis
 
-from .jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery
+from vidserve.jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery
 
 # Runs atomically on the server: no other create can come between the idempotency check and
 # the insert (the key's GET, then SET, is a SET NX), and a job gets its sequence number in the

@@ -1,6 +1,6 @@
 """The files a rendition can be: containers, the codecs each takes, and what `quality` means
-for each codec. Plain facts, shared by the request contract (vidserve/renditions.py) and
-the encoder (vidserve/encoder.py)."""
+for each codec. Plain facts, shared by the request contract (vidserve/media/renditions.py) and
+the encoder (vidserve/media/renderer.py)."""
 
 from __future__ import annotations
 
