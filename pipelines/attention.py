@@ -52,7 +52,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return out.type_as(x)
 
 
-class TopKSelfAttnProcessor:
+class SparseSelfAttnProcessor:
     def __init__(self, state: SparseAttentionState, layer: int):
         self.state, self.layer = state, layer
 
@@ -95,12 +95,12 @@ class SparseAttention:
     def configure(self, options: AttentionOptions) -> None:
         """Set this generation's options; called before each request."""
         self.state.options, self.state.step, self.state.ran_sparse = options, 0, False
-        sparse = options.mode == "topk"
+        sparse = options.mode == "sparse"
         if sparse == self._installed:
             return
         for transformer, defaults in zip(self.transformers, self._defaults):
             for layer, block in enumerate(transformer.blocks):
-                block.attn1.set_processor(TopKSelfAttnProcessor(self.state, layer) if sparse else defaults[layer])
+                block.attn1.set_processor(SparseSelfAttnProcessor(self.state, layer) if sparse else defaults[layer])
         self._installed = sparse
 
     def step_done(self, steps: int) -> None:
@@ -108,5 +108,5 @@ class SparseAttention:
 
     @property
     def effective(self) -> str:
-        """What this generation's self-attention ran: "topk" if any layer of any step did."""
-        return "topk" if self.state.ran_sparse else "dense"
+        """What this generation's self-attention ran: "sparse" if any layer of any step did."""
+        return "sparse" if self.state.ran_sparse else "dense"

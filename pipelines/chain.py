@@ -45,7 +45,7 @@ class VideoResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds, summed over chunks
     chunks: list[ChunkReport] = field(default_factory=list)
     loras: list[LoraEvent] = field(default_factory=list)  # each chunk's adapters, loaded or cached
-    attention: str = "dense"  # "topk" if any chunk's self-attention ran top-k
+    attention: str = "dense"  # "sparse" if any chunk's self-attention ran sparse
 
 
 class _ChunkGenerator:

@@ -43,7 +43,7 @@ class GenerationResult:
     seed: int
     timings: dict[str, float] = field(default_factory=dict)  # seconds: load, denoise, decode
     loras: list[LoraEvent] = field(default_factory=list)  # the adapters it used, loaded now or cached
-    attention: str = "dense"  # the self-attention that ran: "topk", or "dense" (asked for, or too few tokens)
+    attention: str = "dense"  # the self-attention that ran: "sparse", or "dense" (asked for, or too few tokens)
 
 
 def _load_diffusers(spec: ModelSpec, dtype: torch.dtype) -> DiffusionPipeline:

@@ -52,7 +52,7 @@ BAD_JSON = {
     "i2v without image": ({"model": "wan-tiny-i2v", "prompt": "x"}, 400, "image"),
     "webhook not http": ({"model": "wan-tiny", "prompt": "x", "webhook_url": "file:///etc/passwd"}, 400,
                          "webhook_url"),
-    "unknown attention mode": ({"model": "wan-tiny", "prompt": "x", "attention": {"mode": "sparse"}}, 400,
+    "unknown attention mode": ({"model": "wan-tiny", "prompt": "x", "attention": {"mode": "radial"}}, 400,
                                "attention.mode"),
     "density above 1": ({"model": "wan-tiny", "prompt": "x", "attention": {"density": 2}}, 400,
                          "attention.density"),

@@ -8,7 +8,7 @@ from diffusers import WanPipeline
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 from vidserve.config import Settings
-from vidserve.pipelines.attention import SparseAttention, TopKSelfAttnProcessor
+from vidserve.pipelines.attention import SparseAttention, SparseSelfAttnProcessor
 from vidserve.pipelines.tiny import build_tiny_pipeline
 from vidserve.pipelines.video import VideoPipeline, get_pipeline
 from vidserve.registry import resolve
@@ -58,13 +58,13 @@ def test_too_few_tokens_run_dense_and_the_result_says_so(t2v):
     assert (dense.attention, auto.attention) == ("dense", "dense")
     assert np.array_equal(auto.frames, dense.frames)
     forced = run({"mode": "topk", "density": 0.125, "tile": [2, 2, 2], "min_tokens": 576})
-    assert forced.attention == "topk" and not np.array_equal(forced.frames, dense.frames)
+    assert forced.attention == "sparse" and not np.array_equal(forced.frames, dense.frames)
 
 
 def test_only_self_attention_is_made_sparse_and_dense_restores_diffusers(t2v):
     frames(t2v, {"mode": "topk", "min_tokens": 0}, num_frames=5, steps=1)
     blocks = t2v.text_pipe.transformer.blocks
-    assert all(isinstance(b.attn1.processor, TopKSelfAttnProcessor) for b in blocks)
+    assert all(isinstance(b.attn1.processor, SparseSelfAttnProcessor) for b in blocks)
     assert all(isinstance(b.attn2.processor, WanAttnProcessor) for b in blocks)
     frames(t2v, {"mode": "dense"}, num_frames=5, steps=1)
     assert all(isinstance(b.attn1.processor, WanAttnProcessor) for b in blocks)
@@ -92,5 +92,5 @@ def test_both_experts_of_a_two_expert_model_get_sparse_attention():
     assert isinstance(pipeline.attention, SparseAttention) and len(pipeline.attention.transformers) == 2
     frames(pipeline, {"mode": "topk", "min_tokens": 0}, size="64x64", num_frames=9, steps=2)
     for transformer in (tiny.transformer, second):
-        assert all(isinstance(b.attn1.processor, TopKSelfAttnProcessor) for b in transformer.blocks)
+        assert all(isinstance(b.attn1.processor, SparseSelfAttnProcessor) for b in transformer.blocks)
     assert pipeline.attention.state.grid == (3, 4, 4)  # (9-1)/4+1 latent frames, 64/8/2 tokens a side

@@ -63,8 +63,9 @@ WALK = {
     "chunk_frames": ((33, 33), None, None),
     "prompts": (("the fox sits", "the fox runs"), "prompts", ["the fox sits", "the fox runs"]),
     "drift_correction": ("none", "drift_correction", "none"),
-    "attention": ({"mode": "topk", "density": 0.25, "tile": (2, 4, 4)}, "attention",
-                  {"mode": "topk", "density": 0.25, "tile": [2, 4, 4]}),
+    # Sent as "topk", the sparse mode's other name: every path reads it as "sparse".
+    "attention": ({"mode": "sparse", "density": 0.25, "tile": (2, 4, 4)}, "attention",
+                  {"mode": "sparse", "density": 0.25, "tile": [2, 4, 4]}),
     "cache": ({"kind": "first_block", "threshold": 0.1}, "cache", {"kind": "first_block", "threshold": 0.1}),
     "prompt_extend": (True, "prompt_extend", True),
     "caption_chain": (True, "caption_chain", True),

@@ -176,6 +176,7 @@ def test_records_written_before_typed_params_still_load(store):
     """A record whose params is the plain dict older servers wrote (no cache, prompt_extend,
     caption_chain; attention as a dict) reads as typed parameters with their defaults."""
     old = new_job().model_dump(mode="json")
+    old["attention_effective"] = "topk"  # the sparse mode's other name
     old["params"] = {"seconds": "2", "width": 64, "height": 64, "num_frames": 33, "fps": 16, "steps": 4,
                      "guidance": 5.0, "seed": 3, "negative_prompt": "", "chunk_frames": [33], "prompts": [],
                      "drift_correction": "none", "attention": {"mode": "topk", "density": 0.25},
@@ -184,7 +185,8 @@ def test_records_written_before_typed_params_still_load(store):
     store.create(loaded)
     params = store.get(loaded.id).params
     assert (params.num_frames, params.chunk_frames, params.drift_correction) == (33, (33,), "none")
-    assert (params.attention.mode, params.attention.density) == ("topk", 0.25)
+    assert (params.attention.mode, params.attention.density) == ("sparse", 0.25)
+    assert store.get(loaded.id).attention_effective == "sparse"
     assert params.cache == CacheOptions() and params.prompt_extend is False
 
 

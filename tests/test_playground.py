@@ -225,8 +225,8 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
         page.keyboard.type(value)
     tab_to(page, "input[name=attention]:checked")
     page.keyboard.press("ArrowRight")
-    page.keyboard.press("ArrowRight")  # arrows move through a radio group: dense, then top-k
-    assert page.evaluate("document.activeElement.value") == "topk"
+    page.keyboard.press("ArrowRight")  # arrows move through a radio group: dense, then sparse
+    assert page.evaluate("document.activeElement.value") == "sparse"
     page.keyboard.press("Tab")
     assert focused_id(page) == "density"
     page.keyboard.type("0.25")
@@ -243,7 +243,7 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
         video = json.load(response)
     assert video["model"] == "wan-tiny-i2v" and video["has_input_reference"]
     assert (video["seconds"], video["num_inference_steps"]) == ("20", 100)
-    assert video["attention"]["mode"] == "topk" and video["attention"]["density"] == 0.25
+    assert video["attention"]["mode"] == "sparse" and video["attention"]["density"] == 0.25
     page.screenshot(path=tmp_path / "job-cancelled.png", full_page=True)
     assert_not_blank(tmp_path / "job-cancelled.png")
 

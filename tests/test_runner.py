@@ -119,7 +119,7 @@ def test_wan_tiny_noise_completes_without_warnings(runner):
 @pytest.mark.parametrize(("attention", "effective"), [
     ({"mode": "dense"}, "dense"),
     ({"mode": "topk"}, "dense"),  # 3x5x6 tokens, under min_tokens
-    ({"mode": "topk", "min_tokens": 0, "tile": (1, 2, 2)}, "topk"),
+    ({"mode": "sparse", "min_tokens": 0, "tile": (1, 2, 2)}, "sparse"),
 ])
 def test_the_video_says_which_attention_ran(runner, attention, effective):
     final = runner.run(queued(runner, attention=AttentionOptions(**attention)).id)

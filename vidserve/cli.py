@@ -354,10 +354,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--drift-correction", choices=["color", "none"], default="color",
                      help="match each chunk's colours to chunk 1 (default: color)")
     gen.add_argument("--report", help="write a JSON report here: chunks, frames, timings, drift metrics")
-    gen.add_argument("--attention", choices=["dense", "topk"],
+    gen.add_argument("--attention", choices=["dense", "sparse", "topk"],
                      help=f"self-attention (default: {s.attention.mode})")
     gen.add_argument("--density", type=float,
-                     help=f"share of key tiles kept by --attention topk (default: {s.attention.density:g})")
+                     help=f"share of key tiles kept by --attention sparse (default: {s.attention.density:g})")
     gen.add_argument("--dense-steps", type=int,
                      help=f"first denoising steps that run dense (default: {s.attention.dense_steps})")
     gen.add_argument("--cache", choices=["none", "first_block", "taylorseer"],

@@ -67,7 +67,7 @@ class Settings(BaseSettings):
                                    "rate conversion (the default: 30 s at 60 fps).")
 
     attention: AttentionOptions = Field(AttentionOptions(), description="Default attention; JSON, e.g. "
-                                        '{"mode": "topk", "density": 0.125}. Requests may override it.')
+                                        '{"mode": "sparse", "density": 0.125}. Requests may override it.')
 
     cache: CacheOptions = Field(CacheOptions(), description="Default step caching; JSON, e.g. "
                                 '{"kind": "first_block", "threshold": 0.05}. Requests may override it.')

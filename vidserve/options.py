@@ -25,7 +25,8 @@ class AttentionOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["dense", "topk"] = "dense"
+    mode: Literal["dense", "sparse"] = Field("dense", description="'sparse': block-sparse over 3D tiles, keeping the "
+                                            "key tiles `selection` picks ('topk' is read as 'sparse').")
     density: float = Field(0.125, gt=0, le=1, description="Share of key tiles each query tile keeps; with "
                            "selection 'mass', the most kept on average over all query tiles and heads.")
     # With these defaults "mass" runs faster than top-k at the same density where its rows need
@@ -52,6 +53,12 @@ class AttentionOptions(BaseModel):
     # leave top-k no choice worth making.
     min_tokens: int = Field(1024, ge=0, description="A forward pass over fewer video tokens runs dense: "
                             "sparsity saves nothing there (0: always sparse).")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _topk_means_sparse(cls, mode):
+        # "topk" named the sparse mode when top-k was its only selection; clients and stored jobs still send it.
+        return "sparse" if mode == "topk" else mode
 
     @field_validator("tile")
     @classmethod

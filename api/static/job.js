@@ -86,7 +86,7 @@ async function submit() {
   const mode = form.elements.attention.value;
   if (mode) {
     const attention = { mode };
-    if (mode === "topk" && form.elements.density.value) attention.density = Number(form.elements.density.value);
+    if (mode === "sparse" && form.elements.density.value) attention.density = Number(form.elements.density.value);
     body.set("attention", JSON.stringify(attention)); // multipart carries nested fields as JSON text
   }
   const lora = form.elements.lora.value;

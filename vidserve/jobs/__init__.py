@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from enum import Enum
 from typing import Any, Callable, Iterable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from vidserve.params import JobParams
 from vidserve.media.quality import OutputWarning
@@ -65,7 +65,7 @@ class Job(BaseModel):
     extends_video_id: str | None = None
     error: JobError | None = None
     warnings: list[OutputWarning] = Field(default_factory=list)  # a completed video that looks wrong (quality.py)
-    attention_effective: Literal["topk", "dense"] | None = None  # the self-attention that ran, once completed
+    attention_effective: Literal["sparse", "dense"] | None = None  # the self-attention that ran, once completed
     extended_prompt: str | None = None  # the LLM's rewrite of `prompt` (prompt_extend), what was generated
     attempts: int = 0
     max_attempts: int = 2
@@ -79,6 +79,11 @@ class Job(BaseModel):
     metadata: dict[str, str] | None = None
     remixed_from_video_id: str | None = None
     owner: str | None = None  # the name of the API key that made it (None: a server without keys)
+
+    @field_validator("attention_effective", mode="before")
+    @classmethod
+    def _topk_means_sparse(cls, effective):
+        return "sparse" if effective == "topk" else effective  # "topk": the sparse mode's other name
 
     def is_expired(self, now: float | None = None) -> bool:
         """Whether its files are gone, or due to go: past expires_at, swept or not yet."""
@@ -161,7 +166,7 @@ def complete(worker_id: str, outputs: dict[str, str], timings: dict[str, float],
              warnings: Iterable[OutputWarning] = (), output_ttl: float = 0,
              attention: str | None = None, output_bytes: dict[str, int] | None = None) -> Callable[[Job], None]:
     """`output_ttl`: seconds the files are kept after completion (0: until the video is deleted);
-    `attention`: the self-attention that ran ("topk", or "dense" where too few tokens made it so);
+    `attention`: the self-attention that ran ("sparse", or "dense" where too few tokens made it so);
     `output_bytes`: each rendition's size."""
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
