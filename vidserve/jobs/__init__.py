@@ -258,6 +258,14 @@ class WebhookDelivery(BaseModel):
     body: str  # the event's JSON, byte for byte what every attempt sends
 
 
+def check_page(order: str, limit: int) -> None:
+    """A page of `JobStore.list` as every store takes it."""
+    if order not in ("asc", "desc"):
+        raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+
+
 class JobStore(ABC):
     """Where job records live. Implementations: SQLite (embedded), Redis (distributed)."""
 

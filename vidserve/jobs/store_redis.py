@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import redis
 
-from vidserve.jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery
+from vidserve.jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery, check_page
 
 # Runs atomically on the server: no other create can come between the idempotency check and
 # the insert (the key's GET, then SET, is a SET NX), and a job gets its sequence number in the
@@ -123,10 +123,7 @@ class RedisJobStore(JobStore):
 
     def list(self, after: str | None = None, limit: int = 20, order: str = "desc",
              owner: str | None = None) -> tuple[list[Job], bool]:
-        if order not in ("asc", "desc"):
-            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
+        check_page(order, limit)
         desc = order == "desc"
         start = "+inf" if desc else "-inf"
         jobs = self._jobs_key(owner)

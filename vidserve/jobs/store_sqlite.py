@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from vidserve.jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery
+from vidserve.jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery, check_page
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (
@@ -114,10 +114,7 @@ class SQLiteJobStore(JobStore):
 
     def list(self, after: str | None = None, limit: int = 20, order: str = "desc",
              owner: str | None = None) -> tuple[list[Job], bool]:
-        if order not in ("asc", "desc"):
-            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
+        check_page(order, limit)
         cmp, direction = ("<", "DESC") if order == "desc" else (">", "ASC")
         with self._transaction() as db:
             cursor = None
