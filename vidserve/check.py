@@ -95,13 +95,10 @@ def _model(name: str) -> str:
 
 def _hub_weights(repo: str) -> str:
     """Where a hub model's weights would come from: the local cache, or a download."""
-    from huggingface_hub import snapshot_download
+    from vidserve.registry import cached_snapshot
 
-    try:
-        folder = snapshot_download(repo, local_files_only=True)
-    except OSError:  # not cached
-        return _downloadable(repo)
-    return f"{repo} is in the local cache at {folder}"
+    folder = cached_snapshot(repo)
+    return _downloadable(repo) if folder is None else f"{repo} is in the local cache at {folder}"
 
 
 def _downloadable(repo: str) -> str:

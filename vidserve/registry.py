@@ -172,19 +172,22 @@ def resolve_local(name: str) -> ModelSpec:
     raise UnknownModel(name, list(MODELS))
 
 
-def weights_here(spec: ModelSpec) -> bool:
-    """Whether `spec` loads on this machine without a download: a built-in model always does, a
-    folder if it exists, a hub model once its snapshot is in the hub cache (HF_HOME). Reads no
-    weights, so the API can ask at each submission."""
-    if spec.builtin or Path(spec.source).expanduser().is_dir():
-        return True
+def cached_snapshot(repo: str) -> str | None:
+    """The folder of a hub model's snapshot in the hub cache (HF_HOME); None if it is not there,
+    or `repo` is no hub id (a folder that is gone). Reads no weights and asks no server, so the
+    API can ask at each submission."""
     from huggingface_hub import snapshot_download
 
     try:
-        snapshot_download(spec.source, local_files_only=True)
-    except (OSError, ValueError):  # not in the cache; or not a hub id at all, a folder that is gone
-        return False
-    return True
+        return snapshot_download(repo, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def weights_here(spec: ModelSpec) -> bool:
+    """Whether `spec` loads on this machine without a download: a built-in model always does, a
+    folder if it exists, a hub model once its snapshot is cached."""
+    return spec.builtin or Path(spec.source).expanduser().is_dir() or cached_snapshot(spec.source) is not None
 
 
 def _read_json(path: Path) -> dict:
