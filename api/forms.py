@@ -7,7 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
@@ -17,9 +18,22 @@ from vidserve.errors import ECHO_CHARS, echo, from_validation_error
 from vidserve.media import decode_data_url
 
 from .errors import APIError
+from .schemas import VideoCreate, VideoExtend
+
+
+
+def _structured_fields(*models: type[BaseModel]) -> frozenset[str]:
+    """The fields whose values are lists or objects."""
+    def structured(annotation) -> bool:
+        kinds = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+        return any(get_origin(kind) in (list, dict, tuple) or kind in (list, dict) or
+                   (isinstance(kind, type) and issubclass(kind, BaseModel)) for kind in kinds)
+    return frozenset(name for model in models for name, field in model.model_fields.items()
+                     if structured(field.annotation))
+
 
 # Multipart carries every field as a string; these hold JSON.
-JSON_FIELDS = ("metadata", "attention", "cache", "prompts", "loras", "outputs")
+JSON_FIELDS = _structured_fields(VideoCreate, VideoExtend)
 # Levels of lists and objects one field's value may have: far more than any real request,
 # and far fewer than the ~1000 at which Python's json gives up with a RecursionError.
 MAX_JSON_DEPTH = 32

@@ -132,7 +132,7 @@ def _request_body(model: type[BaseModel], files: tuple[str, ...]) -> dict[str, A
     content = {"application/json": {"schema": json_body}}
     if files:
         fields = model.model_json_schema()["properties"]
-        form = {name: {"type": "string", "description": "JSON" if name in JSON_FIELDS or name == "video"
+        form = {name: {"type": "string", "description": "JSON" if name in JSON_FIELDS
                        else field.get("description", "")} for name, field in fields.items()}
         form.update({name: {"type": "string", "format": "binary"} for name in files})
         content["multipart/form-data"] = {"schema": {

@@ -1,44 +1,29 @@
 """The request contract of the Videos API (responses are `vidserve.jobs.video_object`).
 
-These check types and shapes; `vidserve.requests.build_request` checks values against the
-model and the server's limits (prompt length included), the same rules the CLI gets."""
+The generation options are `vidserve.options.GenerationOptions`, which these extend. They
+check types and shapes; `vidserve.requests.build_request` checks values against the model and
+the server's limits (prompt length included), the same rules the CLI gets."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from vidserve.loras import LoraRequest
 from vidserve.media.renditions import OutputRequest
+from vidserve.options import GenerationOptions
 
 OUTPUTS_DESCRIPTION = ("Renditions to make beside the default H.264 MP4 (`video`): each downloads as "
                        "content?variant=NAME once the video is completed.")
 
 
-class _JobFields(BaseModel):
-    """What any job request may say beyond OpenAI's fields."""
+class _JobFields(GenerationOptions):
+    """What any job request may say beyond OpenAI's fields: the generation options, and how
+    the job reports back."""
 
-    model_config = ConfigDict(extra="forbid")
+    # The API takes each option by its one name (num_inference_steps, not steps).
+    model_config = ConfigDict(populate_by_name=False)
 
     prompt: str
     model: str | None = Field(None, min_length=1, description="A registry name; the server's default if unset.")
-    negative_prompt: str | None = None
-    seed: int | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    prompts: list[str] | None = Field(None, description="Per-chunk prompts of a long video (a storyboard).")
-    drift_correction: Literal["color", "none"] = "color"
-    prompt_extend: bool = Field(False, description="The LLM rewrites the prompt (seeing the image) first.")
-    caption_chain: bool = Field(False, description="Each continuation chunk's prompt gets a caption of its "
-                                "opening frame.")
-    attention: dict[str, Any] | None = Field(None, description="AttentionOptions; unset fields keep the server's.")
-    cache: dict[str, Any] | None = Field(None, description="CacheOptions (step caching); unset fields keep the "
-                                         "server's.")
-    loras: list[LoraRequest] | None = Field(None, max_length=16, description="LoRA adapters by registered name "
-                                            "(GET /v1/loras), with their scale and, on a two-expert model, target.")
-    preset: str | None = Field(None, max_length=64, description="One of the model's presets (GET /v1/models): it "
-                               "fills steps, guidance, the sampler's shift and adapters left unset.")
     outputs: list[OutputRequest] | None = Field(None, max_length=64, description=OUTPUTS_DESCRIPTION)
     webhook_url: str | None = Field(None, max_length=2048)
     metadata: dict[str, str] | None = None

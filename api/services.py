@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 
@@ -20,6 +20,9 @@ from vidserve.registry import ModelSpec, weights_here
 from vidserve.storage import Storage, open_storage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, build_sender
+
+if TYPE_CHECKING:  # torch loads only where chat is on
+    from vidserve.pipelines.llm.service import ChatService
 
 
 class JobQueue(Protocol):
@@ -38,7 +41,7 @@ class Services:
     queue: JobQueue
     metrics: Metrics
     webhooks: WebhookSender
-    chat: Any = None  # the LLM engine (pipelines.llm.engine.LLMEngine), or None when chat is off
+    chat: ChatService | None = None  # the chat path on the resident LLM engine; None when chat is off
     keyring: KeyRing | None = None  # None: the settings' keys
     adapters: LoraRegistry | None = None  # None: the settings' (and the bundled) LoRA adapters
     limiter: RateLimiter = field(default_factory=LocalRateLimiter)
@@ -102,7 +105,7 @@ def build_services(settings: Settings) -> Services:
 
         metrics.redis_volatile(require_durable(settings.redis_url, settings.allow_volatile_redis))
     storage = open_storage(settings)
-    chat = build_chat_engine(settings, metrics)
+    chat = build_chat_service(settings, metrics)
     if settings.queue == "celery":
         from vidserve.jobs.store_redis import RedisJobStore
         from vidserve.ratelimit import RedisRateLimiter
@@ -129,14 +132,17 @@ def build_services(settings: Settings) -> Services:
     return Services(settings, store, storage, queue, metrics, webhooks, chat, limiter=limiter)
 
 
-def build_chat_engine(settings: Settings, metrics: Metrics):
-    """The resident LLM engine the chat API (and, embedded, the video path) shares; None if chat is off."""
+def build_chat_service(settings: Settings, metrics: Metrics) -> ChatService | None:
+    """The chat path on a resident LLM engine, which the chat API (and, embedded, the video
+    path) shares; None if chat is off."""
     if not settings.chat_model:
         return None
     from vidserve.pipelines.llm.engine import LLMEngine
     from vidserve.pipelines.llm.model import ChatModel
+    from vidserve.pipelines.llm.service import ChatService
     from vidserve.registry import resolve_chat
 
     model = ChatModel.load(resolve_chat(settings.chat_model), settings.device, settings.dtype)
-    return LLMEngine(model, max_running=settings.chat_max_running, max_waiting=settings.chat_max_waiting,
-                     prefill_tokens=settings.chat_prefill_tokens, metrics=metrics.chat)
+    engine = LLMEngine(model, max_running=settings.chat_max_running, max_waiting=settings.chat_max_waiting,
+                       prefill_tokens=settings.chat_prefill_tokens, metrics=metrics.chat)
+    return ChatService(engine, settings)

@@ -11,6 +11,7 @@ from vidserve.jobs import Job, JobStatus
 from vidserve.keys import Caller
 from vidserve.config import Settings
 from vidserve.media import VideoInfo, load_image, probe_video, read_last_frame
+from vidserve.options import GenerationOptions
 from vidserve.outbound import check_url
 from vidserve.params import JobParams
 from vidserve.registry import ModelSpec, resolve, resolve_local
@@ -19,7 +20,7 @@ from vidserve.requests import GenerationRequest, build_request, check_prompt
 from vidserve.telemetry import ANONYMOUS_LABEL
 
 from .errors import APIError, not_found, video_expired
-from .schemas import VideoCreate, VideoExtend, _JobFields
+from .schemas import VideoCreate, VideoExtend
 from .services import Services
 
 
@@ -27,8 +28,8 @@ def submit_video(svc: Services, caller: Caller, body: VideoCreate, image_bytes: 
                  idempotency_key: str | None = None, request_hash: str | None = None) -> Job:
     spec = _model_spec(svc, body.model, svc.settings.default_model)
     image = load_image(image_bytes, svc.settings.max_image_pixels) if image_bytes is not None else None
-    request = build_request(spec, svc.settings, body.prompt, size=body.size, seconds=body.seconds,
-                            num_frames=body.num_frames, fps=body.fps, image=image, **_options(svc, body))
+    request = build_request(spec, svc.settings, body.prompt, body, size=body.size, seconds=body.seconds,
+                            num_frames=body.num_frames, fps=body.fps, image=image, adapters=svc.adapters)
     _check_request_quotas(svc, caller, request)
     outputs = resolve_outputs(body.outputs, request.width, request.height, request.fps, request.num_frames,
                               svc.settings)
@@ -61,25 +62,20 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
             raise video_expired(source_job, param="video")
         source_bytes = svc.storage.read_bytes(source_job.outputs["video"])
         model = source_job.model
-        steps, guidance, loras = source_job.params.steps, source_job.params.guidance, list(source_job.params.loras)
+        options = _denoised_like(body, source_job)
     else:
-        source_bytes, model, steps, guidance, loras = upload, svc.settings.default_model, None, None, None
+        source_bytes, model, options = upload, svc.settings.default_model, body
     info = _probe_video(svc.settings, source_bytes)
     spec = _model_spec(svc, body.model, model)
-    options = _options(svc, body)
-    # A referenced video's extension denoises like the video did, unless told otherwise.
-    options["steps"] = options["steps"] if options["steps"] is not None else steps
-    options["guidance"] = options["guidance"] if options["guidance"] is not None else guidance
-    if options["loras"] is None and options["preset"] is None:
-        options["loras"] = loras
     # Checked on a stand-in for the last frame, of the probed size: a video whose extension would
     # be over the limits is refused before a frame of it is decoded.
     stand_in = Image.new("RGB", (info.width, info.height))
-    request = build_request(spec, svc.settings, body.prompt, size=f"{info.width}x{info.height}", seconds=body.seconds,
-                            fps=round(info.fps), image=stand_in, continuing=True, **options)
+    request = build_request(spec, svc.settings, body.prompt, options, size=f"{info.width}x{info.height}",
+                            seconds=body.seconds, fps=round(info.fps), image=stand_in, continuing=True,
+                            adapters=svc.adapters)
     _check_request_quotas(svc, caller, request)
     _check_extended_length(svc.settings, info.frames + request.num_frames, request.fps)
-    request.image, source_frames = _last_frame(source_bytes)
+    source_frames = _decoded_frames(source_bytes)
     total = source_frames + request.num_frames  # decoded frames, which the worker joins to: the probe counted packets
     _check_extended_length(svc.settings, total, request.fps)
     # Renditions of the whole extended video.
@@ -115,12 +111,13 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str,
     return _enqueue(svc, job)
 
 
-def _options(svc: Services, body: _JobFields) -> dict:
-    return dict(steps=body.num_inference_steps, guidance=body.guidance_scale, seed=body.seed,
-                negative_prompt=body.negative_prompt or "", prompts=body.prompts,
-                drift_correction=body.drift_correction, attention=body.attention,
-                prompt_extend=body.prompt_extend, caption_chain=body.caption_chain, cache=body.cache,
-                loras=body.loras, preset=body.preset, adapters=svc.adapters)
+def _denoised_like(body: VideoExtend, source: Job) -> GenerationOptions:
+    """A referenced video's extension denoises like the video did, unless told otherwise."""
+    asked = {"steps": body.steps if body.steps is not None else source.params.steps,
+             "guidance": body.guidance if body.guidance is not None else source.params.guidance}
+    if body.loras is None and body.preset is None:
+        asked["loras"] = list(source.params.loras)
+    return body.model_copy(update=asked)
 
 
 def _job(svc: Services, caller: Caller, model: str, prompt: str, params: JobParams, *, webhook_url: str | None,
@@ -213,14 +210,15 @@ def _probe_video(settings: Settings, data: bytes) -> VideoInfo:
     return info
 
 
-def _last_frame(data: bytes) -> tuple[Image.Image, int]:
-    """(last frame, frame count) of the video to extend, decoded one frame at a time."""
+def _decoded_frames(data: bytes) -> int:
+    """Frames of the video to extend, decoded one at a time: the count the worker joins to,
+    and proof the worker can decode it."""
     try:
-        last, frames, _ = read_last_frame(data)
+        _, frames, _ = read_last_frame(data)
     except Exception:
         raise APIError(400, "the uploaded video could not be decoded; send an MP4 (H.264)",
                        param="video", code="invalid_video") from None
-    return last, frames
+    return frames
 
 
 def _check_extended_length(settings: Settings, total: int, fps: int) -> None:

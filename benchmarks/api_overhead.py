@@ -129,12 +129,14 @@ def direct_job_fn(tmp: Path):
     from vidserve.media import encode_mp4
     from vidserve.pipelines.video import get_pipeline
     from vidserve.registry import resolve
+    from vidserve.options import GenerationOptions
     from vidserve.requests import build_request
 
     spec = resolve(JOB["model"])
     pipe = get_pipeline(spec, "cpu", "float32")  # loaded once, outside the timings, as a server holds it
-    req = build_request(spec, Settings(), JOB["prompt"], size=JOB["size"], num_frames=JOB["num_frames"],
-                        steps=JOB["num_inference_steps"], seed=JOB["seed"])
+    req = build_request(spec, Settings(), JOB["prompt"],
+                        GenerationOptions(steps=JOB["num_inference_steps"], seed=JOB["seed"]), size=JOB["size"],
+                        num_frames=JOB["num_frames"])
     return lambda: encode_mp4(pipe.generate(req).frames, tmp / "direct.mp4", fps=req.fps)
 
 

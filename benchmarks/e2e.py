@@ -223,6 +223,7 @@ def main() -> None:
     from vidserve.options import LoadOptions
     from vidserve.pipelines.video import get_pipeline
     from vidserve.registry import resolve_local
+    from vidserve.options import GenerationOptions
     from vidserve.requests import build_request
 
     load_before = os.getloadavg()[0]  # before this process loads the box itself
@@ -250,8 +251,10 @@ def main() -> None:
 
     def vidserve_run(pipe, attention, cache):
         def make(steps: int):
-            request = build_request(spec, Settings(), PROMPT, size=args.size, num_frames=args.frames, steps=steps,
-                                    guidance=GUIDANCE, seed=SEED, attention=attention, cache=cache)
+            request = build_request(spec, Settings(), PROMPT,
+                                    GenerationOptions(steps=steps, guidance=GUIDANCE, seed=SEED, attention=attention,
+                                                      cache=cache),
+                                    size=args.size, num_frames=args.frames)
             return lambda: pipe.generate(request).frames
         return make
 

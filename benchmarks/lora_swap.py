@@ -25,6 +25,7 @@ from vidserve.config import Settings
 from vidserve.loras import LoraRegistry
 from vidserve.pipelines.video import VideoPipeline
 from vidserve.registry import resolve_local
+from vidserve.options import GenerationOptions
 from vidserve.requests import build_request
 
 
@@ -68,9 +69,11 @@ def write_random_adapter(spec, rank: int, folder: Path) -> None:
 
 
 def measure(args, spec, settings: Settings, registry: LoraRegistry) -> None:
-    base = build_request(spec, settings, "a red circle moving right on a black background", steps=args.steps, seed=0)
-    styled = build_request(spec, settings, "a red circle moving right on a black background", steps=args.steps,
-                           seed=0, loras=[{"name": args.adapter}], adapters=registry)
+    base = build_request(spec, settings, "a red circle moving right on a black background",
+                         GenerationOptions(steps=args.steps, seed=0))
+    styled = build_request(spec, settings, "a red circle moving right on a black background",
+                           GenerationOptions(steps=args.steps, seed=0, loras=[{"name": args.adapter}]),
+                           adapters=registry)
     untouched = VideoPipeline.load(spec, torch.device("cpu"), torch.float32)
     worker = VideoPipeline.load(spec, torch.device("cpu"), torch.float32)
 

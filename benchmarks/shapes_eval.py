@@ -64,6 +64,7 @@ from vidserve.config import Settings  # noqa: E402
 from vidserve.pipelines.chain import generate_video  # noqa: E402
 from vidserve.pipelines.video import get_pipeline  # noqa: E402
 from vidserve.registry import resolve  # noqa: E402
+from vidserve.options import GenerationOptions  # noqa: E402
 from vidserve.requests import build_request  # noqa: E402
 
 MODEL, CHAT_MODEL = "wan-shapes", "vlm-shapes"
@@ -128,9 +129,10 @@ def area_ratio(clips: list, specs: list) -> float | None:
     return round(sum(m for m, _ in pairs) / sum(t for _, t in pairs), 2) if pairs else None
 
 
-def generate(settings: Settings, prompt: str, seed: int, on_chunk=None, **kwargs):
-    return generate_video(build_request(resolve(MODEL), settings, prompt, seed=seed, **kwargs), device="cpu",
-                          dtype="float32", on_chunk=on_chunk)
+def generate(settings: Settings, prompt: str, seed: int, on_chunk=None, image=None, num_frames=None, **options):
+    request = build_request(resolve(MODEL), settings, prompt, GenerationOptions(seed=seed, **options),
+                            num_frames=num_frames, image=image)
+    return generate_video(request, device="cpu", dtype="float32", on_chunk=on_chunk)
 
 
 def run_t2v(settings: Settings, specs: list, first_seed: int = 0, **kwargs) -> dict:

@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/topk_video.json")
     args = parser.parse_args()
 
+    from vidserve.options import GenerationOptions
     from vidserve.requests import build_request
 
     spec = resolve("wan-tiny")
@@ -53,8 +54,9 @@ def main() -> None:
           f"{args.steps} steps, seed {args.seed}")
     print(f"{'attention':<28} {'PSNR vs dense (dB)':>19}")
     for name, attention in variants.items():
-        request = build_request(spec, Settings(), "a red fox in snow", size=args.size, num_frames=args.frames,
-                                steps=args.steps, seed=args.seed, attention=attention)
+        request = build_request(spec, Settings(), "a red fox in snow",
+                                GenerationOptions(steps=args.steps, seed=args.seed, attention=attention),
+                                size=args.size, num_frames=args.frames)
         # (No timings: at this size the VAE decode, not attention, dominates a run.)
         frames = pipeline.generate(request).frames
         reference = frames if reference is None else reference

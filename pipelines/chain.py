@@ -10,7 +10,7 @@ each chunk is handed to `on_chunk` as soon as it is done, so it can be stored an
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -70,7 +70,8 @@ class _ChunkGenerator:
         if r.caption_chain and not opening and self.caption is not None:
             prompt = f"{prompt} {self.caption(image, seed)}".strip()
         self.prompts[chunk] = prompt
-        request = replace(r, prompt=prompt, num_frames=num_frames, seed=seed, image=image, chunk_frames=[num_frames])
+        request = r.model_copy(update={"prompt": prompt, "num_frames": num_frames, "seed": seed, "image": image,
+                                       "chunk_frames": (num_frames,)})
         steps_before, total = chunk * r.steps, r.steps * len(r.chunk_frames)
 
         def on_step(done: int, _: int) -> None:

@@ -10,23 +10,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from fastapi.testclient import TestClient
+from apps import app_client, idle_services
 from PIL import Image
 from polling import eventually
-
-from vidserve.api.app import create_app
-from vidserve.config import Settings
-
-
-def make_client(tmp_path, **settings):
-    app = create_app(Settings(data_dir=tmp_path / "data", **settings))
-    return TestClient(app), app.state.services
 
 
 @pytest.fixture
 def api(tmp_path):
-    client, services = make_client(tmp_path, max_upload_bytes=64 * 1024)
-    with client:
+    with app_client(tmp_path, idle_services(tmp_path, max_upload_bytes=64 * 1024)) as (client, services):
         yield client, services
 
 
@@ -140,9 +131,7 @@ def test_unknown_video_and_variant(api):
 
 
 def test_full_queue_answers_429_with_retry_after(tmp_path):
-    client, services = make_client(tmp_path, max_queued=2)
-    services.queue.start = lambda: None  # no worker takes jobs, so they stay queued
-    with client:
+    with app_client(tmp_path, idle_services(tmp_path, max_queued=2)) as (client, _):  # no worker: jobs stay queued
         body = {"model": "wan-tiny", "prompt": "x", "num_frames": 5, "num_inference_steps": 1}
         assert client.post("/v1/videos", json=body).status_code == 200
         assert client.post("/v1/videos", json=body).status_code == 200
@@ -152,8 +141,7 @@ def test_full_queue_answers_429_with_retry_after(tmp_path):
 
 
 def test_api_keys(tmp_path):
-    client, _ = make_client(tmp_path, api_keys="k1, k2")
-    with client:
+    with app_client(tmp_path, idle_services(tmp_path, api_keys="k1, k2")) as (client, _):
         assert client.get("/healthz").status_code == 200
         error = assert_openai_error(client.get("/v1/models"), 401)
         assert error["code"] == "invalid_api_key"
@@ -184,10 +172,9 @@ def test_cancelling_a_queued_job_ends_it_at_once_and_announces_it(tmp_path):
 
     receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    client, services = make_client(tmp_path, allow_private_urls=True)  # the receiver is on loopback
-    services.queue.start = lambda: None  # no worker: the job stays queued
+    services = idle_services(tmp_path, allow_private_urls=True)  # the receiver is on loopback; no worker
     try:
-        with client:
+        with app_client(tmp_path, services) as (client, _):
             hook = f"http://127.0.0.1:{receiver.server_port}/"
             video = client.post("/v1/videos", json={"model": "wan-tiny", "prompt": "x", "webhook_url": hook}).json()
             cancelled = client.post(f"/v1/videos/{video['id']}/cancel").json()

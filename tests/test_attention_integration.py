@@ -12,12 +12,14 @@ from vidserve.pipelines.attention import SparseAttention, SparseSelfAttnProcesso
 from vidserve.pipelines.tiny import build_tiny_pipeline
 from vidserve.pipelines.video import VideoPipeline, get_pipeline
 from vidserve.registry import resolve
+from vidserve.options import GenerationOptions
 from vidserve.requests import build_request
 
 
 def frames(pipeline, attention, size="128x128", num_frames=33, steps=3, model="wan-tiny"):
-    request = build_request(resolve(model), Settings(), "a red fox", size=size, num_frames=num_frames,
-                            steps=steps, seed=3, attention=attention)
+    request = build_request(resolve(model), Settings(), "a red fox",
+                            GenerationOptions(steps=steps, seed=3, attention=attention), size=size,
+                            num_frames=num_frames)
     return pipeline.generate(request).frames
 
 
@@ -50,8 +52,9 @@ def test_topk_changes_the_video_a_little_and_dense_steps_undo_it(t2v):
 
 def test_too_few_tokens_run_dense_and_the_result_says_so(t2v):
     def run(attention):  # 33 frames at 128x128: a 9x8x8 grid, 576 tokens
-        request = build_request(resolve("wan-tiny"), Settings(), "a red fox", size="128x128", num_frames=33,
-                                steps=3, seed=3, attention=attention)
+        request = build_request(resolve("wan-tiny"), Settings(), "a red fox",
+                                GenerationOptions(steps=3, seed=3, attention=attention), size="128x128",
+                                num_frames=33)
         return t2v.generate(request)
 
     dense, auto = run({"mode": "dense"}), run({"mode": "topk", "density": 0.125, "tile": [2, 2, 2]})
@@ -73,11 +76,14 @@ def test_only_self_attention_is_made_sparse_and_dense_restores_diffusers(t2v):
 def test_image_to_video_keeps_its_image_cross_attention():
     pipeline = get_pipeline(resolve("wan-tiny-i2v"), "cpu", "float32")
     image = __import__("PIL.Image").Image.new("RGB", (64, 64), (200, 40, 40))
-    request = build_request(resolve("wan-tiny-i2v"), Settings(), "a fox", size="64x64", num_frames=9, steps=2,
-                            seed=1, image=image, attention={"mode": "topk", "min_tokens": 0, "density": 1.0})
+    request = build_request(resolve("wan-tiny-i2v"), Settings(), "a fox",
+                            GenerationOptions(steps=2, seed=1,
+                                              attention={"mode": "topk", "min_tokens": 0, "density": 1.0}),
+                            size="64x64", num_frames=9, image=image)
     sparse = pipeline.generate(request).frames
-    dense = pipeline.generate(build_request(resolve("wan-tiny-i2v"), Settings(), "a fox", size="64x64",
-                                            num_frames=9, steps=2, seed=1, image=image)).frames
+    dense = pipeline.generate(build_request(resolve("wan-tiny-i2v"), Settings(), "a fox",
+                                            GenerationOptions(steps=2, seed=1), size="64x64", num_frames=9,
+                                            image=image)).frames
     assert np.array_equal(sparse, dense)
 
 

@@ -178,12 +178,12 @@ BAD = {
 def test_bad_requests_get_openai_shaped_400s(api, case):
     client, services = api
     body, param = BAD[case]
-    steps = services.chat.decode_steps
+    steps = services.chat.engine.decode_steps
     response = client.post("/v1/chat/completions", json={"model": "vlm-tiny", **body})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
-    assert services.chat.decode_steps == steps  # nothing reached the model
+    assert services.chat.engine.decode_steps == steps  # nothing reached the model
 
 
 def test_unknown_chat_model_is_404(api):
@@ -195,7 +195,7 @@ def test_unknown_chat_model_is_404(api):
 
 def test_a_full_engine_answers_429(api, monkeypatch):
     client, services = api
-    monkeypatch.setattr(services.chat, "max_waiting", 0)
+    monkeypatch.setattr(services.chat.engine, "max_waiting", 0)
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 429 and response.headers["retry-after"] == "1"
     assert response.json()["error"]["type"] == "rate_limit_error"
@@ -203,7 +203,7 @@ def test_a_full_engine_answers_429(api, monkeypatch):
 
 def test_repetition_stop_reason_in_the_response(api, force_token):
     client, services = api
-    force_token(services.chat.model, "S")
+    force_token(services.chat.engine.model, "S")
     body = {"max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
     choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
     assert (choice["message"]["content"], choice["finish_reason"], choice["stop_reason"]) == \
@@ -214,7 +214,7 @@ def test_repetition_stop_reason_in_the_response(api, force_token):
 
 def test_a_loop_inside_json_is_closed_and_max_tokens_is_length(api, force_token):
     client, services = api
-    force_token(services.chat.model, "S")
+    force_token(services.chat.engine.model, "S")
     schema = {"type": "object", "properties": {"label": {"type": "string"}, "count": {"type": "integer"}},
               "required": ["label", "count"]}
     body = {"max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],

@@ -74,7 +74,7 @@ def assert_refused(response, param: str, code: str) -> str:
 @pytest.mark.parametrize("size", [(100000, 1), (1, 100000), (2100, 100)], ids=["wide strip", "tall strip", "21:1"])
 def test_an_elongated_image_is_refused_before_the_model_sees_it(api, size):
     client, app = api
-    engine = app.state.services.chat
+    engine = app.state.services.chat.engine
     encoded, steps = engine.model.vision_calls, engine.decode_steps
     responses = []
     growth = peak_rss_growth_mb(lambda: responses.append(client.post("/v1/chat/completions",
@@ -103,7 +103,7 @@ def test_an_image_the_processor_would_scale_past_the_limit_is_refused(api, monke
 
 def test_the_scaled_size_alone_refuses_the_thin_strip(api):
     _, app = api
-    model = app.state.services.chat.model
+    model = app.state.services.chat.engine.model
     with pytest.raises(InvalidRequest, match="3200000x32"):
         model.check_image(Image.new("RGB", (100000, 1)), 4096 * 4096)
 
@@ -188,7 +188,7 @@ def leave_then_wait_for_abort(leave: threading.Event, seq) -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_a_client_that_leaves_during_a_long_prefill_stops_it_within_one_pass(api, monkeypatch, stream):
     _, app = api
-    engine = app.state.services.chat
+    engine = app.state.services.chat.engine
     model, leave = engine.model, threading.Event()
     passes, aborted = engine.prefill_passes, engine.aborted_sequences
     forward = model.forward
@@ -208,7 +208,7 @@ def test_a_client_that_leaves_during_a_long_prefill_stops_it_within_one_pass(api
 
 def test_a_client_that_leaves_while_its_images_are_encoded_stops_the_encoder_within_one_image(api, monkeypatch):
     _, app = api
-    engine = app.state.services.chat
+    engine = app.state.services.chat.engine
     model, leave = engine.model, threading.Event()
     encoded, aborted = model.vision_calls, engine.aborted_sequences
     image_features = model.image_features

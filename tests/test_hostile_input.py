@@ -18,23 +18,18 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from imageio_ffmpeg import get_ffmpeg_exe
+from apps import app_client, idle_services
 from polling import eventually
 from servers import Server, free_port
-from queues import IdleQueue
 
 from vidserve.api import submission
-from vidserve.api.app import create_app
 from vidserve.api.content import _byte_range
-from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.errors import echo
 from vidserve.jobs.store_redis import RedisJobStore
 from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.media import VideoInfo, encode_mp4, probe_video
 from vidserve.registry import resolve, resolve_local
-from vidserve.storage import LocalStorage
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 
 KEY = "secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -42,17 +37,10 @@ SMALL_UPLOADS = 1 << 20  # max_upload_bytes where a test sends bodies past the c
 VIDEO = {"prompt": "a fox", "size": "64x64", "num_frames": 5, "num_inference_steps": 1}
 
 
-def services_for(tmp_path: Path, store=None, **settings) -> Services:
-    settings = Settings(data_dir=tmp_path / "data", chat_model="", **settings)
-    store = store or SQLiteJobStore(tmp_path / "jobs.sqlite")
-    return Services(settings, store, LocalStorage(tmp_path / "files"), IdleQueue(), Metrics(),
-                    WebhookSender(generate_secret()))
-
-
 @contextmanager
 def client_for(tmp_path: Path, store=None, **settings) -> Iterator[TestClient]:
-    services = services_for(tmp_path, store, **settings)
-    with TestClient(create_app(services.settings, services), raise_server_exceptions=False) as client:
+    services = idle_services(tmp_path, store=store, **settings)
+    with app_client(tmp_path, services, raise_server_exceptions=False) as (client, _):
         yield client
 
 
@@ -380,13 +368,13 @@ def test_the_cli_side_still_takes_any_folder(tmp_path):
 # --- a bug is still a 500, but OpenAI-shaped ----------------------------------------------
 
 def test_an_unexpected_error_is_a_shaped_500(tmp_path):
-    services = services_for(tmp_path)
+    services = idle_services(tmp_path)
 
     def broken(video_id):
         raise RuntimeError("a bug")
 
     services.store.get = broken
-    with TestClient(create_app(services.settings, services), raise_server_exceptions=False) as client:
+    with app_client(tmp_path, services, raise_server_exceptions=False) as (client, _):
         assert_openai_error(client.get("/v1/videos/abc"), 500, code="internal_error")
         assert_healthy(client)
 

@@ -24,6 +24,7 @@ from vidserve.params import JobParams
 from vidserve.pipelines.loras import loaded_names
 from vidserve.pipelines.video import VideoPipeline
 from vidserve.registry import MODELS, spec_from_folder
+from vidserve.options import GenerationOptions
 from vidserve.requests import build_request
 from vidserve.storage import LocalStorage
 from vidserve.telemetry import Metrics
@@ -47,8 +48,8 @@ def fresh_pipeline() -> VideoPipeline:
 
 
 def frames(pipeline: VideoPipeline, registry: LoraRegistry, loras=None, seed: int = 3) -> np.ndarray:
-    request = build_request(TINY, Settings(), "a fox", num_frames=9, steps=2, seed=seed, loras=loras,
-                            adapters=registry)
+    request = build_request(TINY, Settings(), "a fox", GenerationOptions(steps=2, seed=seed, loras=loras),
+                            num_frames=9, adapters=registry)
     return pipeline.generate(request, adapters=registry).frames
 
 
@@ -85,14 +86,15 @@ def test_the_cache_keeps_the_most_recently_used_adapters(adapters):
     registry, _ = adapters
     small = LoraRegistry(list(registry.adapters.values()), cache_size=1)
     pipeline = fresh_pipeline()
-    request = build_request(TINY, Settings(), "a fox", num_frames=5, steps=1, seed=0, loras=[{"name": "style"}],
-                            adapters=small)
-    first = pipeline.generate(request, adapters=small).loras
-    again = pipeline.generate(request, adapters=small).loras
+
+    def request(adapter: str):
+        return build_request(TINY, Settings(), "a fox", GenerationOptions(steps=1, seed=0, loras=[{"name": adapter}]),
+                             num_frames=5, adapters=small)
+
+    first = pipeline.generate(request("style"), adapters=small).loras
+    again = pipeline.generate(request("style"), adapters=small).loras
     assert [(e.name, e.cached) for e in first + again] == [("style", False), ("style", True)]
-    request.loras = build_request(TINY, Settings(), "a fox", num_frames=5, steps=1, seed=0,
-                                  loras=[{"name": "other"}], adapters=small).loras
-    pipeline.generate(request, adapters=small)
+    pipeline.generate(request("other"), adapters=small)
     assert pipeline.adapters.loaded == ["other"]  # "style" was dropped to make room
 
 
@@ -116,8 +118,8 @@ def test_a_corrupt_adapter_fails_its_job_alone(adapters, tmp_path):
     runner = JobRunner(settings, store, LocalStorage(tmp_path / "files"), worker_id="w1")
     jobs = []
     for loras in ([{"name": "broken"}], [{"name": "style"}], None):
-        request = build_request(TINY, settings, "a fox", num_frames=5, steps=1, seed=0, loras=loras,
-                                adapters=runner.adapters)
+        request = build_request(TINY, settings, "a fox", GenerationOptions(steps=1, seed=0, loras=loras),
+                                num_frames=5, adapters=runner.adapters)
         job, _ = store.create(Job(model=TINY.name, prompt="a fox", params=JobParams.of(request, "0.25")))
         jobs.append(runner.run(job.id))
     assert jobs[0].status is JobStatus.failed and jobs[0].error.code == "lora_load_failed"
@@ -208,7 +210,7 @@ def test_a_preset_fills_what_the_request_leaves_unset(api):
 
 def test_a_preset_whose_adapter_is_not_registered_says_how_to_register_it():
     with pytest.raises(InvalidRequest) as refused:
-        build_request(MODELS["Wan2.1-T2V-14B"], Settings(), "a fox", preset="distill-4step",
+        build_request(MODELS["Wan2.1-T2V-14B"], Settings(), "a fox", GenerationOptions(preset="distill-4step"),
                       adapters=LoraRegistry([]))
     assert refused.value.param == "loras" and "unknown adapter 'lightx2v-t2v-14b'" in refused.value.message
 
@@ -217,8 +219,8 @@ def test_a_preset_shift_changes_the_frames_and_leaves_the_scheduler_as_it_was(ad
     registry, _ = adapters
     pipeline = fresh_pipeline()
     shift = pipeline.text_pipe.scheduler.config.flow_shift
-    plain = build_request(TINY, Settings(), "a fox", num_frames=5, steps=2, guidance=1.0, seed=0)
-    preset = build_request(TINY, Settings(), "a fox", num_frames=5, preset="fast", seed=0)
+    plain = build_request(TINY, Settings(), "a fox", GenerationOptions(steps=2, guidance=1.0, seed=0), num_frames=5)
+    preset = build_request(TINY, Settings(), "a fox", GenerationOptions(preset="fast", seed=0), num_frames=5)
     assert (preset.steps, preset.guidance, preset.flow_shift) == (2, 1.0, 2.0)
     a, b = pipeline.generate(plain).frames, pipeline.generate(preset).frames
     assert not np.array_equal(a, b)

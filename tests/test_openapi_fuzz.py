@@ -16,7 +16,7 @@ from schemathesis.checks import negative_data_rejection, positive_data_acceptanc
 from queues import IdleQueue
 
 from vidserve.api.app import create_app
-from vidserve.api.services import Services, build_chat_engine
+from vidserve.api.services import Services, build_chat_service
 from vidserve.config import Settings
 from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.storage import LocalStorage
@@ -33,7 +33,7 @@ def _app(tmp_path_factory):
                       key_max_active_jobs=0, api_keys=KEY)
     services = Services(config, SQLiteJobStore(tmp / "jobs.sqlite"), LocalStorage(tmp / "files"), IdleQueue(),
                         Metrics(), WebhookSender(generate_secret()))
-    services.chat = build_chat_engine(config, services.metrics)
+    services.chat = build_chat_service(config, services.metrics)
     return create_app(config, services)
 
 

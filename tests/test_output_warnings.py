@@ -20,6 +20,7 @@ from vidserve.params import JobParams
 from vidserve.pipelines import chain
 from vidserve.media.quality import output_warnings
 from vidserve.registry import resolve
+from vidserve.options import GenerationOptions
 from vidserve.requests import build_request
 
 FRAMES, SIDE = 33, 64
@@ -104,7 +105,7 @@ SHAPES_PROMPTS = ["a green circle standing still on a black background",
 
 def test_wan_shapes_normal_clips_carry_none():
     for seed, prompt in enumerate(SHAPES_PROMPTS):
-        request = build_request(resolve("wan-shapes"), Settings(), prompt, seed=seed)
+        request = build_request(resolve("wan-shapes"), Settings(), prompt, GenerationOptions(seed=seed))
         frames = chain.generate_video(request, device="cpu", dtype="float32").frames
         assert output_warnings(frames) == [], prompt
 

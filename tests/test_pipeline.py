@@ -9,14 +9,15 @@ from vidserve.config import Settings
 from vidserve.errors import JobCancelled
 from vidserve.pipelines.video import VideoPipeline, get_pipeline
 from vidserve.registry import resolve, spec_from_folder
+from vidserve.options import GenerationOptions
 from vidserve.requests import build_request
 
 SETTINGS = Settings()
 
 
-def request(model, **kwargs):
-    kwargs = {"size": "64x64", "num_frames": 9, "steps": 2, "seed": 7, **kwargs}
-    return build_request(resolve(model), SETTINGS, kwargs.pop("prompt", "a red fox in snow"), **kwargs)
+def request(model, prompt="a red fox in snow", image=None, **options):
+    return build_request(resolve(model), SETTINGS, prompt, GenerationOptions(**{"steps": 2, "seed": 7, **options}),
+                         size="64x64", num_frames=9, image=image)
 
 
 def gradient_image(color):
@@ -93,6 +94,6 @@ def test_exported_folder_reproduces_the_builtin_model(tmp_path, model, kind):
     loaded = VideoPipeline.load(spec, torch.device("cpu"), torch.float32)
     image = gradient_image((255, 128, 0)) if kind != "t2v" else None
     a = builtin.generate(request(model, image=image))
-    b = loaded.generate(build_request(spec, SETTINGS, "a red fox in snow", size="64x64", num_frames=9, steps=2,
-                                      seed=7, image=image))
+    b = loaded.generate(build_request(spec, SETTINGS, "a red fox in snow", GenerationOptions(steps=2, seed=7),
+                                      size="64x64", num_frames=9, image=image))
     assert np.array_equal(a.frames, b.frames)

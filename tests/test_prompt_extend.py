@@ -47,23 +47,23 @@ def test_prompt_extend_records_the_original_and_the_extended_prompt(api):
 
 def test_without_prompt_extend_nothing_is_rewritten(api):
     client, services = api
-    steps = services.chat.decode_steps
+    steps = services.chat.engine.decode_steps
     video = finished(client, client.post("/v1/videos", json={"model": "wan-tiny", "prompt": "a cat",
                                                              "seconds": "2"}).json()["id"])
     assert video["extended_prompt"] is None and video["chunks"][0]["prompt"] == "a cat"
-    assert services.chat.decode_steps == steps
+    assert services.chat.engine.decode_steps == steps
 
 
 def test_image_to_video_prompt_extension_sees_the_image(api):
     client, services = api
     buffer = io.BytesIO()
     Image.new("RGB", (64, 64), (20, 200, 40)).save(buffer, format="PNG")
-    encoded_before = services.chat.model.vision_calls
+    encoded_before = services.chat.engine.model.vision_calls
     response = client.post("/v1/videos", data={"model": "wan-tiny-i2v", "prompt": "it starts to rain",
                                                "seconds": "2", "prompt_extend": "true"},
                            files={"input_reference": ("first.png", buffer.getvalue(), "image/png")})
     video = finished(client, response.json()["id"])
-    assert video["extended_prompt"] and services.chat.model.vision_calls == encoded_before + 1
+    assert video["extended_prompt"] and services.chat.engine.model.vision_calls == encoded_before + 1
 
 
 def test_caption_chain_captions_each_continuation_chunk(api):

@@ -5,6 +5,7 @@ import pytest
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest, UnknownModel
 from vidserve.registry import MODELS, resolve
+from vidserve.options import GenerationOptions
 from vidserve.requests import build_request, frames_for_seconds, parse_size
 
 SETTINGS = Settings()
@@ -25,7 +26,7 @@ def test_defaults_come_from_the_model():
 
 
 def test_seconds_and_size_resolve():
-    req = build_request(TINY, SETTINGS, "a fox", size="128x64", seconds=2, fps=16, steps=3, seed=5)
+    req = build_request(TINY, SETTINGS, "a fox", GenerationOptions(steps=3, seed=5), size="128x64", seconds=2, fps=16)
     assert (req.width, req.height, req.num_frames, req.steps, req.seed) == (128, 64, 33, 3, 5)
     assert req.seconds == 2.0
 
@@ -52,7 +53,9 @@ def test_seconds_and_size_resolve():
 )
 def test_bad_values_name_the_field(kwargs, param):
     with pytest.raises(InvalidRequest) as err:
-        build_request(TINY, SETTINGS, "a fox", **kwargs)
+        options = {k: v for k, v in kwargs.items() if k in GenerationOptions.model_fields}
+        geometry = {k: v for k, v in kwargs.items() if k not in options}
+        build_request(TINY, SETTINGS, "a fox", GenerationOptions(**options), **geometry)
     assert err.value.param == param
     assert str(err.value)
 

@@ -27,13 +27,14 @@ from vidserve.api.app import create_app
 from vidserve.config import Settings
 from vidserve.pipelines.chain import generate_video
 from vidserve.registry import WEIGHTS, resolve, spec_from_folder
+from vidserve.options import GenerationOptions
 from vidserve.requests import build_request
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def generate(prompt: str, seed: int, **kwargs) -> np.ndarray:
-    request = build_request(resolve("wan-shapes"), Settings(), prompt, seed=seed, **kwargs)
+def generate(prompt: str, seed: int, image=None) -> np.ndarray:
+    request = build_request(resolve("wan-shapes"), Settings(), prompt, GenerationOptions(seed=seed), image=image)
     return generate_video(request, device="cpu", dtype="float32").frames
 
 
@@ -109,7 +110,7 @@ def test_training_scripts_run_end_to_end(tmp_path):
     _run("training.train_wan", "--steps", "2", "--batch", "2", "--clips", "8", "--workers", "1", "--out", str(out))
     spec = spec_from_folder(out)
     frames = generate_video(build_request(spec, Settings(), "a red circle moving left on a black background",
-                                          seed=0, steps=2), device="cpu", dtype="float32").frames
+                                          GenerationOptions(seed=0, steps=2)), device="cpu", dtype="float32").frames
     assert frames.shape == (17, 64, 64, 3)
     # --resume starts from the saved transformer (at lr 0 it stays exactly that) and text encoder
     # (a new --seed draws new clips, not a new encoder), and keeps the log

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from vidserve.api.app import create_app
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest, VidserveError
-from vidserve.options import CacheOptions, LoadOptions
+from vidserve.options import CacheOptions, GenerationOptions, LoadOptions
 from vidserve.pipelines.speedups import quantizable
 from vidserve.pipelines.video import get_pipeline
 from vidserve.registry import resolve
@@ -21,8 +21,9 @@ from vidserve.requests import build_request
 SPEC = resolve("wan-tiny")
 
 
-def request(**kw):
-    return build_request(SPEC, Settings(), "a red fox", size="64x64", num_frames=17, steps=8, seed=5, **kw)
+def request(**options):
+    return build_request(SPEC, Settings(), "a red fox", GenerationOptions(steps=8, seed=5, **options), size="64x64",
+                         num_frames=17)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -63,10 +64,10 @@ def test_step_caching_skips_work_for_its_request_only(pipeline, cache):
 def test_cache_options_come_from_the_server_default_and_are_checked():
     settings = Settings(cache=CacheOptions(kind="first_block", threshold=0.1))
     assert build_request(SPEC, settings, "x").cache.kind == "first_block"
-    assert build_request(SPEC, settings, "x", cache={"threshold": 0.3}).cache == \
+    assert build_request(SPEC, settings, "x", GenerationOptions(cache={"threshold": 0.3})).cache == \
         CacheOptions(kind="first_block", threshold=0.3)
     with pytest.raises(InvalidRequest) as err:
-        build_request(SPEC, Settings(), "x", cache={"kind": "magic"})
+        build_request(SPEC, Settings(), "x", GenerationOptions(cache={"kind": "magic"}))
     assert err.value.param == "cache.kind"
 
 

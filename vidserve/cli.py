@@ -9,12 +9,15 @@ import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from vidserve.config import DEVICE_PATTERN, DTYPE_NAMES, Settings, get_settings
 from vidserve.errors import InvalidRequest, VidserveError, from_validation_error
 from vidserve.media.quality import output_warnings
+from vidserve.options import GenerationOptions
 
 PROG = "vidserve"
 
@@ -93,6 +96,43 @@ def _cache_overrides(args: argparse.Namespace) -> dict | None:
     return overrides or None
 
 
+def _generation_options(args: argparse.Namespace) -> GenerationOptions:
+    try:
+        return GenerationOptions(**{name: getattr(args, name) for name in _option_flags()},
+                                 prompts=args.chunk_prompt, attention=_attention_overrides(args),
+                                 cache=_cache_overrides(args), loras=_lora_uses(args.use_lora))
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+# The generation options `generate` spells its own way (flags in build_parser), and those it
+# does not take: prompt_extend and caption_chain need the LLM path, which only the server runs.
+# Every other option is a flag of its name, made from its declaration.
+_OWN_FLAGS = ("prompts", "attention", "cache", "loras")
+_SERVER_ONLY = ("prompt_extend", "caption_chain")
+
+
+def _option_flags() -> dict[str, FieldInfo]:
+    return {name: field for name, field in GenerationOptions.model_fields.items()
+            if name not in _OWN_FLAGS + _SERVER_ONLY}
+
+
+def _add_option_flags(parser: argparse.ArgumentParser) -> None:
+    """--NAME for each generation option not spelled otherwise, typed and described as declared."""
+    for name, field in _option_flags().items():
+        flag, help = "--" + name.replace("_", "-"), field.description[0].lower() + field.description[1:].rstrip(".")
+        kinds = [kind for kind in get_args(field.annotation) or (field.annotation,) if kind is not type(None)]
+        if field.annotation is bool:
+            parser.add_argument(flag, action="store_true", help=help)
+        elif get_origin(field.annotation) is Literal:
+            parser.add_argument(flag, choices=kinds, default=field.default, help=f"{help} (default: {field.default})")
+        elif len(kinds) == 1 and kinds[0] in (str, int, float):
+            parser.add_argument(flag, type=kinds[0], help=help)
+        else:
+            raise TypeError(f"GenerationOptions.{name} ({field.annotation}) has no CLI flag: spell it in "
+                            "vidserve/cli.py (_OWN_FLAGS) or leave it to the server (_SERVER_ONLY)")
+
+
 def _output_requests(given: list[str] | None, default: str):
     """--output PATH[,KEY=VALUE...] values (or `default`) as (path, OutputRequest) pairs; the
     format is the path's suffix's unless format= says otherwise."""
@@ -129,13 +169,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = resolve_local(args.model or settings.default_model)
     image = load_image(args.image, settings.max_image_pixels) if args.image else None
     adapters = LoraRegistry.from_settings(settings.lora_dirs, settings.loras, settings.lora_cache)
-    request = build_request(
-        spec, settings, args.prompt, size=args.size, seconds=args.seconds, num_frames=args.frames, fps=args.fps,
-        steps=args.steps, guidance=args.guidance, seed=args.seed, negative_prompt=args.negative_prompt or "",
-        image=image, prompts=args.chunk_prompt, drift_correction=args.drift_correction,
-        attention=_attention_overrides(args), cache=_cache_overrides(args),
-        loras=_lora_uses(args.use_lora), preset=args.preset, adapters=adapters,
-    )
+    request = build_request(spec, settings, args.prompt, _generation_options(args), size=args.size,
+                            seconds=args.seconds, num_frames=args.frames, fps=args.fps, image=image, adapters=adapters)
     outputs = [(path, resolve_output(asked, "--output", request.width, request.height, request.fps,
                                      request.num_frames, settings))
                for path, asked in _output_requests(args.output, f"vidserve-{request.seed}.mp4")]
@@ -345,14 +380,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                         help="clip length; frames = 4*ceil(seconds*fps/4)+1 (default: one chunk of the model)")
     length.add_argument("--frames", type=int, help="exact frame count, 4k+1 (instead of --seconds)")
     gen.add_argument("--fps", type=int, help="frames per second (default: the model's)")
-    gen.add_argument("--steps", type=int, help="denoising steps (default: the model's)")
-    gen.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the model's)")
-    gen.add_argument("--seed", type=int, help="random seed, for a repeatable clip (default: a random one, printed)")
-    gen.add_argument("--negative-prompt", help="what the video should not show (default: none)")
+    _add_option_flags(gen)
     gen.add_argument("--chunk-prompt", action="append",
                      help="prompt for the next chunk of a long video (repeatable; later chunks use PROMPT)")
-    gen.add_argument("--drift-correction", choices=["color", "none"], default="color",
-                     help="match each chunk's colours to chunk 1 (default: color)")
     gen.add_argument("--report", help="write a JSON report here: chunks, frames, timings, drift metrics")
     gen.add_argument("--attention", choices=["dense", "sparse", "topk"],
                      help=f"self-attention (default: {s.attention.mode})")
@@ -368,8 +398,6 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--lora", dest="use_lora", action="append", metavar="NAME[:SCALE]",
                      help="apply this registered LoRA adapter (bundled, or from --lora-dir), at SCALE (default 1); "
                           "repeatable")
-    gen.add_argument("--preset", help="one of the model's presets (see 'vidserve models'): steps, guidance, shift "
-                                      "and adapters, which other flags override")
     _add_lora_dir_flag(gen, s)
     gen.add_argument("-o", "--output", action="append", metavar="PATH[,KEY=VALUE...]",
                      help="write the video here, as the suffix says (.mp4 .webm .mov .gif .apng, .zip for PNG "

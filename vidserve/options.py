@@ -1,14 +1,20 @@
-"""Per-request model options that change how a video is computed (not what is asked for).
+"""What a request may ask for beyond its prompt, model, length and first frame.
 
-Plain data, validated here so the API and CLI reject bad values before a model sees them.
-Each has a server default (`VIDSERVE_ATTENTION` as JSON) that a request may override.
+`GenerationOptions` declares each such field once: the API's request bodies extend it, the
+CLI's `generate` flags are made from it, and `vidserve.requests.build_request` resolves it
+into the request a pipeline runs and a job stores. The option groups below it (attention,
+step caching) have a server default (`VIDSERVE_ATTENTION` as JSON) that a request may override
+field by field. Plain data, validated here so the API and CLI reject bad values before a
+model sees them.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from vidserve.loras import LoraRequest
 
 
 # The largest key tile the Triton kernel runs on a GPU (and its default query tile, twice as
@@ -126,3 +132,34 @@ class RepetitionOptions(BaseModel):
     ngram_repeats: int = Field(4, ge=2, le=100, description="Stop once a 2..ngram_max token pattern repeats this often.")
     exempt: str = Field(" \t\r\n-=|_*~#.0123456789",
                         description="Tokens made only of these characters may repeat.")
+
+
+class GenerationOptions(BaseModel):
+    """The options of one video, as asked: unset ones take the model's or the server's default.
+
+    A field added here reaches the API (both request bodies, JSON and multipart), the CLI (a
+    flag of its name, unless `vidserve/cli.py` spells it its own way), the job record and the
+    worker's request without more code; `build_request` resolves it where its default depends
+    on the model or the server. The API spells two fields the diffusers way (its aliases)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    negative_prompt: str | None = Field(None, description="What the video should not show.")
+    seed: int | None = Field(None, description="Random seed, for a repeatable video (default: a random one).")
+    steps: int | None = Field(None, alias="num_inference_steps", description="Denoising steps (default: the model's).")
+    guidance: float | None = Field(None, alias="guidance_scale",
+                                   description="Classifier-free guidance scale (default: the model's).")
+    prompts: list[str] | None = Field(None, description="Per-chunk prompts of a long video (a storyboard); chunks "
+                                      "past the list use `prompt`.")
+    drift_correction: Literal["color", "none"] = Field("color", description="Match each chunk's colours to the "
+                                                       "first chunk's.")
+    prompt_extend: bool = Field(False, description="The LLM rewrites the prompt (seeing the image) first.")
+    caption_chain: bool = Field(False, description="Each continuation chunk's prompt gets a caption of its "
+                                "opening frame.")
+    attention: dict[str, Any] | None = Field(None, description="AttentionOptions; unset fields keep the server's.")
+    cache: dict[str, Any] | None = Field(None, description="CacheOptions (step caching); unset fields keep the "
+                                         "server's.")
+    loras: list[LoraRequest] | None = Field(None, max_length=16, description="LoRA adapters by registered name "
+                                            "(GET /v1/loras), with their scale and, on a two-expert model, target.")
+    preset: str | None = Field(None, max_length=64, description="One of the model's presets (GET /v1/models, `vidserve "
+                               "models`): it fills steps, guidance, the sampler's shift and adapters left unset.")

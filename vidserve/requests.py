@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import random
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,40 +17,38 @@ from pydantic import ValidationError
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest, echo, from_validation_error
 from vidserve.loras import LoraRegistry, LoraRequest
-from vidserve.options import AttentionOptions, CacheOptions
+from vidserve.options import AttentionOptions, CacheOptions, GenerationOptions
 from vidserve.registry import ModelSpec
 
 
-@dataclass
-class GenerationRequest:
-    model: str
-    prompt: str
+class ResolvedOptions(GenerationOptions):
+    """`GenerationOptions` with every default filled in, and the clip's geometry: what a
+    pipeline runs and a job keeps (`vidserve.params.JobParams`)."""
+
     width: int
     height: int
-    num_frames: int
+    num_frames: int  # frames generated; when continuing, only the new ones
     fps: int
+    # The frames each chunk generates; more than one chunk chains them (see drift.chain).
+    chunk_frames: tuple[int, ...]
     steps: int
     guidance: float
     seed: int
     negative_prompt: str = ""
+    prompts: tuple[str, ...] = ()
+    attention: AttentionOptions = AttentionOptions()
+    cache: CacheOptions = CacheOptions()
+    loras: tuple[LoraRequest, ...] = ()  # applied on every chunk; none runs exactly the base model
+    flow_shift: float | None = None  # the sampler's shift, from the preset; None: the model's
+
+
+class GenerationRequest(ResolvedOptions):
+    model: str
+    prompt: str
     image: Any = None  # a PIL RGB image conditioning the first frame (i2v / ti2v)
-    # The frames each chunk generates; more than one chunk chains them (see drift.chain).
-    chunk_frames: list[int] = field(default_factory=list)
-    prompts: list[str] = field(default_factory=list)  # per-chunk prompts; chunks past the list use `prompt`
-    drift_correction: str = "color"
     # `image` is the last frame of a video being extended: it is not repeated in the output,
     # and num_frames counts only the new frames (a multiple of 4).
     continuing: bool = False
-    attention: AttentionOptions = field(default_factory=AttentionOptions)
-    # The LLM path helps: rewrite the prompt first (seeing the image, if any); caption the
-    # frame each continuation chunk starts from into that chunk's prompt.
-    prompt_extend: bool = False
-    caption_chain: bool = False
-    cache: CacheOptions = field(default_factory=CacheOptions)
-    # LoRA adapters applied on every chunk; none runs exactly the base model.
-    loras: tuple[LoraRequest, ...] = ()
-    preset: str | None = None  # the preset it was filled from, as recorded
-    flow_shift: float | None = None  # the sampler's shift; None: the model's
 
     @property
     def seconds(self) -> float:
@@ -95,56 +92,44 @@ def build_request(
     spec: ModelSpec,
     settings: Settings,
     prompt: str,
+    options: GenerationOptions = GenerationOptions(),
     *,
     size: str | None = None,
     seconds: float | None = None,
     num_frames: int | None = None,
     fps: int | None = None,
-    steps: int | None = None,
-    guidance: float | None = None,
-    seed: int | None = None,
-    negative_prompt: str = "",
     image: Any = None,
-    prompts: list[str] | None = None,
-    drift_correction: str = "color",
     continuing: bool = False,
-    attention: AttentionOptions | dict[str, Any] | None = None,
-    prompt_extend: bool = False,
-    caption_chain: bool = False,
-    cache: CacheOptions | dict[str, Any] | None = None,
-    loras: list[LoraRequest | dict[str, Any]] | None = None,
-    preset: str | None = None,
     adapters: LoraRegistry | None = None,
 ) -> GenerationRequest:
     """Check every field against the model and the server limits; fill in defaults.
 
     With `continuing`, `image` is the last frame of a video being extended and the length
     (`seconds` or `num_frames`) is what is added: 4*ceil(seconds*fps/4) new frames.
-    `preset` (one of the model's) fills steps, guidance, the sampler's shift and adapters the
-    request leaves unset; `adapters` are the registered ones `loras` may name."""
+    `options.preset` (one of the model's) fills steps, guidance, the sampler's shift and
+    adapters the options leave unset; `adapters` are the registered ones `loras` may name."""
     check_prompt(prompt, settings)
-    flow_shift = None
-    if preset is not None:
-        chosen = spec.preset(preset)
-        steps = chosen.steps if steps is None else steps
-        guidance = chosen.guidance if guidance is None else guidance
-        flow_shift = chosen.flow_shift
-        loras = list(chosen.loras) if loras is None else loras
-    if len(negative_prompt) > settings.max_prompt_chars:
-        raise InvalidRequest(f"negative_prompt is {len(negative_prompt)} characters; the limit is "
-                             f"{settings.max_prompt_chars}", param="negative_prompt")
     if continuing:
-        request = _continuation(spec, settings, prompt, image=image, seconds=seconds, num_frames=num_frames,
-                                fps=fps, size=size, steps=steps, guidance=guidance, seed=seed,
-                                negative_prompt=negative_prompt, prompts=prompts, drift_correction=drift_correction,
-                                attention=attention, prompt_extend=prompt_extend, caption_chain=caption_chain,
-                                cache=cache)
-        return _with_adapters(request, spec, settings, loras, preset, flow_shift, adapters)
+        return _continuation(spec, settings, prompt, options, image=image, seconds=seconds, num_frames=num_frames,
+                             fps=fps, size=size, adapters=adapters)
     if spec.needs_image and image is None:
         raise InvalidRequest(f"model {spec.name} is image-to-video: give an image to start from", param="image")
     if image is not None and not spec.accepts_image:
         raise InvalidRequest(f"model {spec.name} is text-to-video and takes no image", param="image")
+    width, height, num_frames, fps = _geometry(spec, settings, size, seconds, num_frames, fps)
+    chunk_frames = plan_chunks(num_frames, spec.frames_per_chunk)
+    if options.caption_chain and len(chunk_frames) == 1:
+        raise InvalidRequest(f"caption_chain captions the frame each chunk continues from, but {num_frames} frames "
+                             f"fit in one chunk of {spec.frames_per_chunk}; ask for a longer video",
+                             param="caption_chain")
+    resolved = _resolved_options(spec, settings, options, chunk_frames, adapters, continuing=False)
+    return GenerationRequest(**resolved, model=spec.name, prompt=prompt, image=image, width=width, height=height,
+                             num_frames=num_frames, fps=fps, chunk_frames=chunk_frames)
 
+
+def _geometry(spec: ModelSpec, settings: Settings, size: str | None, seconds: float | None, num_frames: int | None,
+              fps: int | None) -> tuple[int, int, int, int]:
+    """(width, height, frames, fps) of a clip, each checked against the model and the limits."""
     width, height = parse_size(size) if size else (spec.width, spec.height)
     multiple = spec.size_multiple
     if width <= 0 or height <= 0 or width % multiple or height % multiple:
@@ -155,7 +140,6 @@ def build_request(
     if max(width, height) > settings.max_side:
         raise InvalidRequest(f"size {width}x{height} exceeds the limit of {settings.max_side} pixels a side",
                              param="size")
-
     fps = spec.fps if fps is None else fps
     if not 1 <= fps <= 60:
         raise InvalidRequest(f"fps must be between 1 and 60, got {fps}", param="fps")
@@ -175,7 +159,26 @@ def build_request(
     if num_frames > settings.max_frames or (num_frames - 1) / fps > settings.max_seconds:
         raise InvalidRequest(f"{num_frames} frames at {fps} fps exceeds the limit of {settings.max_frames} frames "
                              f"or {settings.max_seconds:g} seconds", param="num_frames")
+    return width, height, num_frames, fps
 
+
+def _resolved_options(spec: ModelSpec, settings: Settings, options: GenerationOptions, chunk_frames: list[int],
+                      adapters: LoraRegistry | None, continuing: bool) -> dict[str, Any]:
+    """Every option with its default filled in (the preset's, then the model's, then the
+    server's), checked against the model and the limits; a field no rule here names is kept
+    as asked."""
+    asked = {name: getattr(options, name) for name in GenerationOptions.model_fields}
+    steps, guidance, loras, flow_shift = options.steps, options.guidance, options.loras, None
+    if options.preset is not None:
+        chosen = spec.preset(options.preset)
+        steps = chosen.steps if steps is None else steps
+        guidance = chosen.guidance if guidance is None else guidance
+        flow_shift = chosen.flow_shift
+        loras = list(chosen.loras) if loras is None else loras
+    negative_prompt = options.negative_prompt or ""
+    if len(negative_prompt) > settings.max_prompt_chars:
+        raise InvalidRequest(f"negative_prompt is {len(negative_prompt)} characters; the limit is "
+                             f"{settings.max_prompt_chars}", param="negative_prompt")
     steps = spec.default_steps if steps is None else steps
     if not 1 <= steps <= settings.max_steps:
         raise InvalidRequest(f"steps must be between 1 and {settings.max_steps}, got {steps}",
@@ -183,44 +186,25 @@ def build_request(
     guidance = spec.default_guidance if guidance is None else guidance
     if not 0 <= guidance <= 30:
         raise InvalidRequest(f"guidance must be between 0 and 30, got {guidance:g}", param="guidance_scale")
+    seed = options.seed
     if seed is None:
         seed = random.randrange(2**31)
     elif not 0 <= seed < 2**63:
         raise InvalidRequest(f"seed must be between 0 and 2^63-1, got {seed}", param="seed")
-
-    chunk_frames = plan_chunks(num_frames, spec.frames_per_chunk)
-    _check_chain(spec, chunk_frames, prompts, drift_correction, settings.max_prompt_chars)
-    if caption_chain and len(chunk_frames) == 1:
-        raise InvalidRequest(f"caption_chain captions the frame each chunk continues from, but {num_frames} frames "
-                             f"fit in one chunk of {spec.frames_per_chunk}; ask for a longer video", param="caption_chain")
-    attention = _with_defaults(AttentionOptions, "attention", attention, settings.attention)
-    cache = _with_defaults(CacheOptions, "cache", cache, settings.cache)
-
-    request = GenerationRequest(
-        model=spec.name, prompt=prompt, negative_prompt=negative_prompt, image=image,
-        width=width, height=height, num_frames=num_frames, fps=fps, steps=steps,
-        guidance=guidance, seed=seed, chunk_frames=chunk_frames, prompts=list(prompts or []),
-        drift_correction=drift_correction, attention=attention,
-        prompt_extend=prompt_extend, caption_chain=caption_chain, cache=cache,
-    )
-    return _with_adapters(request, spec, settings, loras, preset, flow_shift, adapters)
-
-
-def _with_adapters(request: GenerationRequest, spec: ModelSpec, settings: Settings, loras, preset: str | None,
-                   flow_shift: float | None, adapters: LoraRegistry | None) -> GenerationRequest:
-    """The request with its adapters, checked against the registered ones and every model it
-    runs on: a long video's or an extension's continuation model too."""
+    _check_chain(spec, chunk_frames, options.prompts, settings.max_prompt_chars)
     try:
-        request.loras = tuple(LoraRequest.model_validate(lora) for lora in loras or ())
+        loras = tuple(LoraRequest.model_validate(lora) for lora in loras or ())
     except ValidationError as exc:
         raise from_validation_error(exc, prefix="loras") from None
-    if request.loras:
-        models = [] if request.continuing else [spec.name]
-        if request.continuing or len(request.chunk_frames) > 1:
+    if loras:  # checked against every model it runs on: a long video's or an extension's continuation model too
+        models = [] if continuing else [spec.name]
+        if continuing or len(chunk_frames) > 1:
             models.append(spec.continues_with)
-        (adapters or LoraRegistry([])).check(request.loras, models, settings.max_loras)
-    request.preset, request.flow_shift = preset, flow_shift
-    return request
+        (adapters or LoraRegistry([])).check(loras, models, settings.max_loras)
+    return {**asked, "steps": steps, "guidance": guidance, "seed": seed, "negative_prompt": negative_prompt,
+            "prompts": tuple(options.prompts or ()), "loras": loras, "flow_shift": flow_shift,
+            "attention": _with_defaults(AttentionOptions, "attention", options.attention, settings.attention),
+            "cache": _with_defaults(CacheOptions, "cache", options.cache, settings.cache)}
 
 
 def check_prompt(prompt: str, settings: Settings) -> None:
@@ -244,8 +228,7 @@ def _with_defaults(options_type, name: str, given, default):
         raise from_validation_error(exc, prefix=name) from None
 
 
-def _check_chain(spec: ModelSpec, chunk_frames: list[int], prompts: list[str] | None, drift_correction: str,
-                 max_prompt_chars: int) -> None:
+def _check_chain(spec: ModelSpec, chunk_frames: list[int], prompts: list[str] | None, max_prompt_chars: int) -> None:
     if len(chunk_frames) > 1 and spec.continues_with is None:
         raise InvalidRequest(f"{spec.name} makes at most {spec.frames_per_chunk} frames and has no image-to-video "
                              "model to continue its clips; ask for fewer frames", param="num_frames")
@@ -255,31 +238,24 @@ def _check_chain(spec: ModelSpec, chunk_frames: list[int], prompts: list[str] | 
                                  f"of {spec.frames_per_chunk} frames", param="prompts")
         if any(len(p) > max_prompt_chars for p in prompts):
             raise InvalidRequest(f"each of prompts may have at most {max_prompt_chars} characters", param="prompts")
-    if drift_correction not in ("color", "none"):
-        raise InvalidRequest(f"drift_correction must be 'color' or 'none', got {drift_correction!r}",
-                             param="drift_correction")
 
 
-def _continuation(spec: ModelSpec, settings: Settings, prompt: str, *, image: Any, seconds: float | None,
-                  num_frames: int | None, fps: int | None, **kwargs: Any) -> GenerationRequest:
+def _continuation(spec: ModelSpec, settings: Settings, prompt: str, options: GenerationOptions, *, image: Any,
+                  seconds: float | None, num_frames: int | None, fps: int | None, size: str | None,
+                  adapters: LoraRegistry | None) -> GenerationRequest:
     """An extension: validated as a clip of the new frames plus the one it continues from."""
     if image is None:
         raise InvalidRequest("an extension needs the video to continue from", param="video")
     if spec.continues_with is None:
         raise InvalidRequest(f"{spec.name} has no image-to-video model to continue its clips", param="model")
-    fps = spec.fps if fps is None else fps
     if num_frames is not None:
         if num_frames < 4 or num_frames % 4:
             raise InvalidRequest(f"an extension adds a multiple of 4 frames, got {num_frames}", param="num_frames")
-        seconds, num_frames = None, num_frames + 1
-    # Validate as a clip that opens on the continued frame, then drop that frame from the count.
-    # (Every chunk of an extension continues a frame, so caption_chain always applies.)
-    caption_chain = kwargs.pop("caption_chain")
-    request = build_request(spec, settings, prompt, seconds=seconds, num_frames=num_frames, fps=fps,
-                            image=image if spec.accepts_image else None, **kwargs)
-    request.image, request.continuing, request.num_frames = image, True, request.num_frames - 1
-    request.caption_chain = caption_chain
-    request.chunk_frames = plan_chunks(request.num_frames, spec.frames_per_chunk, continuing=True)
-    _check_chain(spec, request.chunk_frames, kwargs.get("prompts"), request.drift_correction,
-                 settings.max_prompt_chars)
-    return request
+        num_frames += 1
+    # The geometry of a clip that opens on the continued frame, less that frame. Every chunk of an
+    # extension continues a frame, so caption_chain always applies.
+    width, height, clip_frames, fps = _geometry(spec, settings, size, seconds, num_frames, fps)
+    chunk_frames = plan_chunks(clip_frames - 1, spec.frames_per_chunk, continuing=True)
+    resolved = _resolved_options(spec, settings, options, chunk_frames, adapters, continuing=True)
+    return GenerationRequest(**resolved, model=spec.name, prompt=prompt, image=image, continuing=True, width=width,
+                             height=height, num_frames=clip_frames - 1, fps=fps, chunk_frames=chunk_frames)

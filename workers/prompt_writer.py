@@ -6,11 +6,15 @@ the chat endpoint at `VIDSERVE_CHAT_URL`. Both speak OpenAI chat messages."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import httpx
 from PIL import Image
 
-from vidserve.chat import data_url, to_model_messages
+from vidserve.chat import data_url
+
+if TYPE_CHECKING:
+    from vidserve.pipelines.llm.service import ChatService
 
 EXTEND = ("You write prompts for a text-to-video model. Rewrite the user's idea as one vivid paragraph: "
           "subject, action, setting, light, camera movement. Keep everything they asked for and contradict "
@@ -48,23 +52,19 @@ class PromptWriter(ABC):
 
 
 class EngineWriter(PromptWriter):
-    """In-process: the server's own LLM engine (embedded mode)."""
+    """In-process: the server's own chat service (embedded mode)."""
 
-    def __init__(self, engine, timeout: float = 300):
-        self.engine, self.timeout = engine, timeout
+    def __init__(self, chat: ChatService, timeout: float = 300):
+        self.chat, self.timeout = chat, timeout
 
     @property
     def vision(self) -> bool:
-        return self.engine.model.vision
+        return self.chat.vision
 
     def complete(self, messages: list[dict], seed: int) -> str:
-        from vidserve.pipelines.llm.sequence import SamplingParams
-
-        # Frames are ours, not a client's: no size limits beyond the model's own.
-        converted, images = to_model_messages(messages, max_pixels=2**31, max_bytes=2**31, remote_images=False)
-        prompt = self.engine.model.encode(converted, images)
-        text, out = self.engine.generate(prompt, SamplingParams(self.max_tokens, TEMPERATURE, seed=seed),
-                                         timeout=self.timeout)
+        call = self.chat.prepare(messages, max_tokens=self.max_tokens, temperature=TEMPERATURE, seed=seed,
+                                 from_client=False)
+        text, out = self.chat.generate(call, timeout=self.timeout)
         if out.finish_reason == "error":
             raise RuntimeError(f"the chat model failed: {out.error}")
         return text

@@ -103,7 +103,7 @@ class JobRunner:
             source = read_video_bytes(self._read(job.source_video_key))[0] if job.source_video_key else None
             request = self.request_for(job, source)
             if request.prompt_extend:
-                request.prompt = self._extend_prompt(job, request)
+                request = request.model_copy(update={"prompt": self._extend_prompt(job, request)})
             from vidserve.pipelines.chain import generate_video  # torch stays out of processes that never run jobs
 
             caption = self._require_writer("caption_chain").caption if request.caption_chain else None

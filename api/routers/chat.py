@@ -15,7 +15,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from vidserve.chat import to_model_messages
 from vidserve.errors import EngineOverloaded
 
 from ..auth import authenticate
@@ -32,16 +31,18 @@ DISCONNECT_POLL_SECONDS = 0.5
 
 @router.post("", response_model=ChatCompletion)
 async def create_chat_completion(body: ChatCompletionCreate, request: Request, svc: Services = Depends(services)):
-    engine = svc.chat
-    if engine is None:
+    chat = svc.chat
+    if chat is None:
         raise APIError(404, "this server runs no chat model (VIDSERVE_CHAT_MODEL is empty)", code="model_not_found")
-    name = engine.model.spec.name
-    if body.model not in (None, name):
-        raise APIError(404, f"chat model {body.model!r} is not served here; this server runs {name!r}",
+    if body.model not in (None, chat.name):
+        raise APIError(404, f"chat model {body.model!r} is not served here; this server runs {chat.name!r}",
                        param="model", code="model_not_found")
-    prompt, params, grammar = await run_in_threadpool(_prepare, svc, body)
-    completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": name}
-    outputs = engine.stream(prompt, params, grammar)
+    call = await run_in_threadpool(
+        chat.prepare, [m.model_dump() for m in body.messages], max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=tuple(body.stop or ()),
+        ignore_eos=body.ignore_eos, repetition=body.repetition, response_format=body.format_dict())
+    completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": chat.name}
+    outputs = chat.stream(call)
     try:  # admission errors surface with the first output, as an HTTP status
         first = await _unless_disconnected(request, outputs, anext(outputs))
     except EngineOverloaded as exc:
@@ -51,32 +52,6 @@ async def create_chat_completion(body: ChatCompletionCreate, request: Request, s
         return StreamingResponse(_events(completion, first, outputs, include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     return await _complete(request, completion, first, outputs)
-
-
-def _prepare(svc: Services, body: ChatCompletionCreate):
-    """Decode images, apply the chat template, compile the grammar: everything that can reject a request."""
-    from vidserve.pipelines.llm.sequence import SamplingParams
-
-    engine, settings = svc.chat, svc.settings
-    messages, images = to_model_messages([m.model_dump() for m in body.messages],
-                                         max_pixels=settings.max_image_pixels, max_bytes=settings.max_upload_bytes,
-                                         remote_images=settings.chat_remote_images,
-                                         allow_private_urls=settings.allow_private_urls,
-                                         check_image=lambda image: engine.model.check_image(
-                                             image, settings.chat_max_vision_pixels))
-    prompt = engine.model.encode(messages, images)
-    room = engine.model.max_context - len(prompt.token_ids)
-    if room < 1:
-        raise APIError(400, f"the prompt is {len(prompt.token_ids)} tokens; this model's context is "
-                       f"{engine.model.max_context}", param="messages", code="context_length_exceeded")
-    asked = body.max_completion_tokens or body.max_tokens
-    if asked is not None and asked > settings.chat_max_tokens:
-        raise APIError(400, f"max_tokens is {asked}; this server allows at most {settings.chat_max_tokens}",
-                       param="max_tokens")
-    params = SamplingParams(max_tokens=asked or min(room, settings.chat_max_tokens), temperature=body.temperature,
-                            top_p=body.top_p, seed=body.seed, stop=tuple(body.stop or ()),
-                            ignore_eos=body.ignore_eos, repetition=body.repetition)
-    return prompt, params, engine.grammars.compile(body.format_dict())
 
 
 async def _complete(request: Request, completion: dict, first, outputs) -> ChatCompletion:

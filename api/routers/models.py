@@ -33,7 +33,7 @@ def _chat_model(spec) -> dict:
 async def list_models(request: Request):
     """Video models this server can run, then the chat model it runs (if any)."""
     data = [_model(spec) for spec in MODELS.values()]
-    engine = request.app.state.services.chat
-    if engine is not None:
-        data.append(_chat_model(engine.model.spec))
+    chat = request.app.state.services.chat
+    if chat is not None:
+        data.append(_chat_model(chat.engine.model.spec))
     return {"object": "list", "data": data}

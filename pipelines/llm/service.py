@@ -1,0 +1,84 @@
+"""The chat path's one entry: `ChatService` prepares a call (OpenAI messages to the model's
+prompt, within its context and the server's limits, the sampling, the grammar of a
+structured output), then streams or generates it on the resident LLM engine. The chat API
+and the video path's prompt writer both call it, so a call is prepared one way."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from vidserve.chat import to_model_messages
+from vidserve.config import Settings
+from vidserve.errors import InvalidRequest
+from vidserve.options import RepetitionOptions
+
+from .engine import LLMEngine
+from .model import Prompt
+from .sequence import Output, SamplingParams
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """A call ready for the engine: everything that could reject it has been checked."""
+
+    prompt: Prompt
+    params: SamplingParams
+    grammar: object | None = None  # the compiled response_format; None: free text
+
+
+class ChatService:
+    def __init__(self, engine: LLMEngine, settings: Settings):
+        self.engine, self.settings = engine, settings
+
+    @property
+    def name(self) -> str:
+        return self.engine.model.spec.name
+
+    @property
+    def vision(self) -> bool:
+        return self.engine.model.vision
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    def prepare(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float = 1.0,
+                top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (), ignore_eos: bool = False,
+                repetition: RepetitionOptions | None = None, response_format: dict | None = None,
+                from_client: bool = True) -> ChatCall:
+        """Decode the images, apply the chat template, bound the answer, compile the grammar.
+
+        A client's images are held to the server's limits (size, bytes, remote fetching, the
+        pixels the model's processor would scale them to); the video path's own frames
+        (`from_client=False`) only to the model's."""
+        model, settings = self.engine.model, self.settings
+        if from_client:
+            converted, images = to_model_messages(
+                messages, max_pixels=settings.max_image_pixels, max_bytes=settings.max_upload_bytes,
+                remote_images=settings.chat_remote_images, allow_private_urls=settings.allow_private_urls,
+                check_image=lambda image: model.check_image(image, settings.chat_max_vision_pixels))
+        else:
+            converted, images = to_model_messages(messages, max_pixels=2**31, max_bytes=2**31, remote_images=False)
+        prompt = model.encode(converted, images)
+        room = model.max_context - len(prompt.token_ids)
+        if room < 1:
+            raise InvalidRequest(f"the prompt is {len(prompt.token_ids)} tokens; this model's context is "
+                                 f"{model.max_context}", param="messages", code="context_length_exceeded")
+        if max_tokens is not None and max_tokens > settings.chat_max_tokens:
+            raise InvalidRequest(f"max_tokens is {max_tokens}; this server allows at most {settings.chat_max_tokens}",
+                                 param="max_tokens")
+        params = SamplingParams(max_tokens=max_tokens or min(room, settings.chat_max_tokens), temperature=temperature,
+                                top_p=top_p, seed=seed, stop=stop, ignore_eos=ignore_eos,
+                                repetition=repetition or RepetitionOptions())
+        return ChatCall(prompt, params, self.engine.grammars.compile(response_format))
+
+    def stream(self, call: ChatCall) -> AsyncIterator[Output]:
+        """Outputs as the engine makes them; closing the iterator aborts the call."""
+        return self.engine.stream(call.prompt, call.params, call.grammar)
+
+    def generate(self, call: ChatCall, timeout: float | None = None) -> tuple[str, Output]:
+        """Blocking: the whole answer and the final output."""
+        return self.engine.generate(call.prompt, call.params, call.grammar, timeout=timeout)
