@@ -13,13 +13,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from fastapi.testclient import TestClient
+from apps import app_client
 from PIL import Image
 from polling import eventually
 from servers import Server
-
-from vidserve.api.app import create_app
-from vidserve.config import Settings
 
 
 def data_url(colour=(200, 30, 30), size=(48, 40)) -> str:
@@ -143,9 +140,9 @@ def test_a_client_that_goes_away_frees_its_slot(server, stream):
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    app = create_app(Settings(data_dir=tmp_path_factory.mktemp("chat-api") / "data", chat_max_tokens=500))
-    with TestClient(app) as client:
-        yield client, app.state.services
+    tmp_path = tmp_path_factory.mktemp("chat-api")
+    with app_client(tmp_path, chat_model="vlm-tiny", chat_max_tokens=500) as (client, services):
+        yield client, services
 
 
 BAD = {

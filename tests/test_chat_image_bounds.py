@@ -12,14 +12,12 @@ import json
 import threading
 
 import pytest
-from fastapi.testclient import TestClient
+from apps import app_client
 from PIL import Image
 from polling import eventually
 from transformers import CLIPImageProcessorPil, LlavaNextImageProcessorPil, Qwen2VLImageProcessorPil
 
-from vidserve.api.app import create_app
 from vidserve.chat import data_url, to_model_messages
-from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
 from vidserve.pipelines.llm.vision_size import processed_size
 
@@ -57,9 +55,9 @@ def peak_rss_growth_mb(call) -> float:
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
     # Small prefill rows, so that a prompt of a few hundred characters takes several passes.
-    app = create_app(Settings(data_dir=tmp_path_factory.mktemp("chat-images") / "data", chat_prefill_tokens=16))
-    with TestClient(app) as client:
-        yield client, app
+    tmp_path = tmp_path_factory.mktemp("chat-images")
+    with app_client(tmp_path, chat_model="vlm-tiny", chat_prefill_tokens=16) as (client, _):
+        yield client, client.app
 
 
 def assert_refused(response, param: str, code: str) -> str:

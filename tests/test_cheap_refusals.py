@@ -9,10 +9,13 @@ import threading
 import httpx
 import pytest
 import uvicorn
+from apps import app_client
 from polling import eventually
 from servers import free_port
 from test_hostile_input import assert_openai_error
-from test_tenancy import BODY, as_key, make_client
+from test_tenancy import BODY, as_key, tenant_services
+
+from vidserve.api.app import create_app
 
 
 def unread_body(read: list[bool]):
@@ -25,9 +28,9 @@ def unread_body(read: list[bool]):
 
 
 def test_a_request_over_its_keys_rate_is_refused_without_reading_its_body(tmp_path, request):
-    client, _ = make_client("sqlite", request, tmp_path, **{"team-a": {"requests_per_minute": 2}})
+    services = tenant_services("sqlite", request, tmp_path, **{"team-a": {"requests_per_minute": 2}})
     json_type = {"Content-Type": "application/json"}
-    with client:
+    with app_client(tmp_path, services) as (client, _):
         for _ in range(2):  # the burst: each request counted once, however many layers look at the key
             assert client.get("/v1/videos", headers=as_key("team-a")).status_code == 200
         # The chat route parses its body before its dependencies run; the video route reads its own.
@@ -54,14 +57,15 @@ def test_a_request_over_its_keys_rate_is_refused_without_reading_its_body(tmp_pa
 def served(tmp_path, request):
     """The app on a real loopback socket: streams stay open there while the test does other
     things (the TestClient runs each request to its end)."""
-    client, services = make_client("sqlite", request, tmp_path, **{"team-a": {"max_streams": 2}})
+    services = tenant_services("sqlite", request, tmp_path, **{"team-a": {"max_streams": 2}})
+    app = create_app(services.settings, services)  # uvicorn runs its lifespan, so no app_client here
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(client.app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     eventually(lambda: server.started, timeout=60, what="the test server to start")
     try:
-        yield f"http://127.0.0.1:{port}", client.app
+        yield f"http://127.0.0.1:{port}", app
     finally:
         server.should_exit = True
         thread.join(30)

@@ -15,6 +15,7 @@ from probe import probe
 
 from vidserve import cli
 from vidserve.media import read_video
+from vidserve.options import GenerationOptions
 
 FOX = ["generate", "a red fox in snow", "--size", "64x64", "--seconds", "2", "--fps", "16", "--steps", "4", "-q"]
 
@@ -142,6 +143,31 @@ def test_every_option_has_help_with_defaults_as_values():
             assert "settings." not in action.help, f"vidserve {name} {action.dest}: {action.help}"
     generate_help = subcommands["generate"].format_help()
     assert "(default: wan-tiny)" in generate_help  # conftest's VIDSERVE_DEFAULT_MODEL, the effective value
+
+
+# One value away from its default for each generation option (the API's spelling of it).
+OPTIONS = {"negative_prompt": "blurry", "seed": 1234, "num_inference_steps": 3, "guidance_scale": 2.5,
+           "drift_correction": "none", "preset": "fast"}
+
+
+def test_generate_takes_every_generation_option():
+    """Each option is a flag made from its declaration, or one the CLI spells its own way, or
+    one left to the server (it needs the LLM path); a value given reaches the request."""
+    made = cli._option_flags()
+    assert set(GenerationOptions.model_fields) == set(made) | set(cli._OWN_FLAGS) | set(cli._SERVER_ONLY)
+    args = ["generate", "a fox"]
+    for name, field in made.items():
+        value = OPTIONS[field.alias or name]
+        args += [f"--{name.replace('_', '-')}"] + ([] if isinstance(value, bool) else [str(value)])
+    args += ["--chunk-prompt", "the fox sits", "--chunk-prompt", "the fox runs", "--attention", "topk",
+             "--density", "0.25", "--dense-steps", "2", "--cache", "first_block", "--cache-threshold", "0.1",
+             "--lora", "tiny-style:0.5"]
+    options = cli._generation_options(cli.build_parser().parse_args(args))
+    assert {field.alias or name: getattr(options, name) for name, field in made.items()} == OPTIONS
+    assert options.prompts == ["the fox sits", "the fox runs"]
+    assert options.attention == {"mode": "topk", "density": 0.25, "dense_steps": 2}
+    assert options.cache == {"kind": "first_block", "threshold": 0.1}
+    assert [(lora.name, lora.scale) for lora in options.loras] == [("tiny-style", 0.5)]
 
 
 def test_version():

@@ -16,10 +16,11 @@ def test_readme_lists_every_setting_as_settings_declares_it():
 
 
 def test_the_served_schema_names_the_response_models(tmp_path):
-    from vidserve.api.app import create_app
-    from vidserve.config import Settings
+    from apps import settings_for
 
-    schema = create_app(Settings(data_dir=tmp_path / "data", chat_model="")).openapi()
+    from vidserve.api.app import create_app
+
+    schema = create_app(settings_for(tmp_path)).openapi()
 
     def success(path: str, method: str, media_type: str = "application/json") -> dict:
         return schema["paths"][path][method]["responses"]["200"]["content"][media_type]["schema"]

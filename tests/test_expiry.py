@@ -10,13 +10,10 @@ import uuid
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
+from apps import app_client, idle_services
 from polling import eventually
 from stores import TEST_BUCKET
-from queues import IdleQueue
 
-from vidserve.api.app import create_app
-from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.jobs.expiry import LOCK_NAME, ExpirySweeper
 from vidserve.jobs import Job, JobStatus, complete
@@ -26,8 +23,6 @@ from vidserve.media import encode_mp4
 from vidserve.params import JobParams
 from vidserve.storage import LocalStorage
 from vidserve.storage.s3 import S3Storage
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 
 BODY = {"model": "wan-tiny", "prompt": "a red fox", "seconds": "1", "size": "64x64", "num_inference_steps": 1}
 HOUR = 3600
@@ -44,12 +39,6 @@ def open_files(kind: str, request, tmp_path):
         return LocalStorage(tmp_path / "files")
     s3_url = request.getfixturevalue("s3_url")
     return S3Storage.from_url(f"s3://{TEST_BUCKET}/{uuid.uuid4().hex}", endpoint_url=s3_url)  # a prefix per test
-
-
-def make_client(store, storage, tmp_path, **settings) -> tuple[TestClient, Services]:
-    config = Settings(data_dir=tmp_path / "data", chat_model="", **settings)
-    services = Services(config, store, storage, IdleQueue(), Metrics(), WebhookSender(generate_secret()))
-    return TestClient(create_app(config, services)), services
 
 
 def completed_video(client, services, tmp_path, output_ttl: float) -> str:
@@ -73,8 +62,8 @@ def assert_expired(response) -> None:
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_an_expired_video_loses_its_files_and_keeps_its_record(kind, files, request, tmp_path):
     storage = open_files(files, request, tmp_path)
-    client, services = make_client(open_store(kind, request, tmp_path), storage, tmp_path)
-    with client:
+    with app_client(tmp_path, idle_services(tmp_path, store=open_store(kind, request, tmp_path),
+                                            storage=storage)) as (client, services):
         video_id = completed_video(client, services, tmp_path, output_ttl=HOUR)
         video = client.get(f"/v1/videos/{video_id}").json()
         assert video["expires_at"] == int(services.store.get(video_id).completed_at + HOUR)
@@ -100,8 +89,7 @@ def test_an_expired_video_loses_its_files_and_keeps_its_record(kind, files, requ
 
 
 def test_content_is_gone_once_past_expires_at_even_before_a_sweep(tmp_path, request):
-    client, services = make_client(open_store("sqlite", request, tmp_path), LocalStorage(tmp_path / "files"), tmp_path)
-    with client:
+    with app_client(tmp_path, idle_services(tmp_path)) as (client, services):
         video_id = completed_video(client, services, tmp_path, output_ttl=0.2)
         eventually(lambda: client.get(f"/v1/videos/{video_id}/content").status_code == 410,
                    timeout=10, what="the content to answer 410")
@@ -110,9 +98,8 @@ def test_content_is_gone_once_past_expires_at_even_before_a_sweep(tmp_path, requ
 
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_a_ttl_of_zero_keeps_files_until_deleted(kind, request, tmp_path):
-    client, services = make_client(open_store(kind, request, tmp_path), LocalStorage(tmp_path / "files"), tmp_path,
-                                   output_ttl=0)
-    with client:
+    services = idle_services(tmp_path, store=open_store(kind, request, tmp_path), output_ttl=0)
+    with app_client(tmp_path, services) as (client, _):
         video_id = completed_video(client, services, tmp_path, output_ttl=services.settings.output_ttl)
         assert client.get(f"/v1/videos/{video_id}").json()["expires_at"] is None
         assert services.sweeper.sweep(now=time.time() + 100 * 365 * 24 * HOUR) == []
@@ -122,8 +109,9 @@ def test_a_ttl_of_zero_keeps_files_until_deleted(kind, request, tmp_path):
 @pytest.mark.parametrize(("kind", "files"), [("sqlite", "local"), ("redis", "s3")])
 def test_the_sweeper_thread_expires_a_video_seconds_after_it_completes(kind, files, request, tmp_path):
     storage = open_files(files, request, tmp_path)
-    client, services = make_client(open_store(kind, request, tmp_path), storage, tmp_path, expiry_sweep_seconds=0.1)
-    with client:
+    services = idle_services(tmp_path, store=open_store(kind, request, tmp_path), storage=storage,
+                             expiry_sweep_seconds=0.1)
+    with app_client(tmp_path, services) as (client, _):
         video_id = completed_video(client, services, tmp_path, output_ttl=3)
         assert storage.exists(f"{video_id}/video.mp4")
         eventually(lambda: services.store.get(video_id).expired, timeout=30, what="the sweeper to expire the video")
@@ -156,8 +144,7 @@ def test_one_holder_of_a_lock_at_a_time(kind, request, tmp_path):
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_a_sweeper_waits_while_another_holds_the_lock(kind, request, tmp_path):
     store = open_store(kind, request, tmp_path)
-    client, services = make_client(store, LocalStorage(tmp_path / "files"), tmp_path)
-    with client:
+    with app_client(tmp_path, idle_services(tmp_path, store=store)) as (client, services):
         video_id = completed_video(client, services, tmp_path, output_ttl=HOUR)
         other = ExpirySweeper(store, services.storage, interval=60)
         later = time.time() + 2 * HOUR

@@ -12,22 +12,14 @@ import uuid
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-from queues import IdleQueue
+from apps import app_client, idle_services
 
 from vidserve import cli
-from vidserve.api.app import create_app
-from vidserve.api.services import Services
-from vidserve.config import Settings
 from vidserve.jobs.store_redis import RedisJobStore
-from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.loras import LoraRequest
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
 from vidserve.media.renditions import Rendition
-from vidserve.storage import LocalStorage
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 from vidserve.workers.runner import JobRunner
 
 # What a client sends: every field away from its default, on wan-tiny (33-frame chunks), so
@@ -86,16 +78,12 @@ def api(request, tmp_path):
     # A chat endpoint is configured (never called here), so prompt_extend and caption_chain are accepted.
     adapter = tmp_path / "tiny-style.safetensors"  # registered, never loaded: no job runs here
     adapter.write_bytes(b"")
-    settings = Settings(data_dir=tmp_path / "data", chat_model="", chat_url="http://127.0.0.1:9/v1",
-                        loras=f"tiny-style={adapter}")
-    if request.param == "sqlite":
-        store = SQLiteJobStore(tmp_path / "jobs.sqlite")
-    else:
+    store = None  # idle_services' SQLite
+    if request.param == "redis":
         store = RedisJobStore(request.getfixturevalue("redis_url"), prefix=f"walk-{uuid.uuid4().hex}")
-    storage = LocalStorage(tmp_path / "files")
-    services = Services(settings, store, storage, IdleQueue(), Metrics(), WebhookSender(generate_secret()))
-    with TestClient(create_app(settings, services)) as client:
-        yield client, services, JobRunner(settings, store, storage)
+    services = idle_services(tmp_path, store=store, chat_url="http://127.0.0.1:9/v1", loras=f"tiny-style={adapter}")
+    with app_client(tmp_path, services) as (client, _):
+        yield client, services, JobRunner(services.settings, services.store, services.storage)
 
 
 def _stored_value(value):

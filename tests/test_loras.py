@@ -8,13 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fastapi.testclient import TestClient
+from apps import app_client, idle_services
 from openai import BadRequestError, OpenAI
 from lora_files import TINY, as_musubi, as_original, random_lora
-from queues import IdleQueue
 
-from vidserve.api.app import create_app
-from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
 from vidserve.jobs import Job, JobStatus
@@ -27,8 +24,6 @@ from vidserve.registry import MODELS, spec_from_folder
 from vidserve.options import GenerationOptions
 from vidserve.requests import build_request
 from vidserve.storage import LocalStorage
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 from vidserve.workers.runner import JobRunner
 
 @pytest.fixture(scope="module")
@@ -134,10 +129,7 @@ def test_a_corrupt_adapter_fails_its_job_alone(adapters, tmp_path):
 @pytest.fixture
 def api(adapters, tmp_path):
     registry, root = adapters
-    settings = Settings(data_dir=tmp_path / "data", chat_model="", lora_dirs=str(root), max_loras=2)
-    services = Services(settings, SQLiteJobStore(tmp_path / "jobs.sqlite"), LocalStorage(tmp_path / "files"),
-                        IdleQueue(), Metrics(), WebhookSender(generate_secret()))
-    with TestClient(create_app(settings, services)) as client:
+    with app_client(tmp_path, idle_services(tmp_path, lora_dirs=str(root), max_loras=2)) as (client, services):
         yield client, services
 
 

@@ -11,30 +11,14 @@ import socket
 
 import pytest
 import schemathesis
+from apps import app_client, idle_services
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
-from queues import IdleQueue
 
-from vidserve.api.app import create_app
-from vidserve.api.services import Services, build_chat_service
-from vidserve.config import Settings
-from vidserve.jobs.store_sqlite import SQLiteJobStore
-from vidserve.storage import LocalStorage
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
+from vidserve.api.services import build_chat_service
 
 EXAMPLES = 60
 KEY = "fuzz-key-0123456789"
-
-
-def _app(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fuzz")
-    config = Settings(data_dir=tmp / "data", chat_model="vlm-tiny", chat_max_tokens=8, max_queued=10_000,
-                      key_max_active_jobs=0, api_keys=KEY)
-    services = Services(config, SQLiteJobStore(tmp / "jobs.sqlite"), LocalStorage(tmp / "files"), IdleQueue(),
-                        Metrics(), WebhookSender(generate_secret()))
-    services.chat = build_chat_service(config, services.metrics)
-    return create_app(config, services)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,10 +39,12 @@ def no_dns():
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    application = _app(tmp_path_factory)
-    application.state.services.start()
-    yield application
-    application.state.services.stop()
+    tmp_path = tmp_path_factory.mktemp("fuzz")
+    services = idle_services(tmp_path, chat_model="vlm-tiny", chat_max_tokens=8, max_queued=10_000,
+                             key_max_active_jobs=0, api_keys=KEY)
+    services.chat = build_chat_service(services.settings, services.metrics)
+    with app_client(tmp_path, services) as (client, _):  # its lifespan starts the services; schemathesis' calls do not
+        yield client.app
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")

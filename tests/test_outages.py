@@ -16,15 +16,12 @@ from typing import Iterator
 
 import httpx
 import pytest
+from apps import app_client, idle_services
 from botocore.exceptions import ClientError
-from fastapi.testclient import TestClient
 from polling import eventually
 from servers import Server, Worker
 from stores import S3_ENV, TEST_BUCKET, RedisServer, SeaweedFS, weed_binary
-from queues import IdleQueue
 
-from vidserve.api.app import create_app
-from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve import jobs
 from vidserve.jobs import Job, JobStatus
@@ -35,8 +32,6 @@ from vidserve.params import JobParams
 from vidserve.pipelines import chain
 from vidserve.storage import LocalStorage, Storage, StorageUnavailable
 from vidserve.storage.s3 import _s3_errors
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 from vidserve.workers.embedded import EmbeddedQueue
 from vidserve.workers.runner import JobRunner, recover_lost_jobs
 
@@ -290,10 +285,7 @@ def assert_unavailable(response: httpx.Response, code: str, names: str) -> None:
 
 
 def test_the_api_answers_503_while_its_redis_store_is_down(own_redis, tmp_path):
-    settings = Settings(data_dir=tmp_path / "data", chat_model="")
-    services = Services(settings, RedisJobStore(own_redis.url), LocalStorage(tmp_path / "files"), IdleQueue(),
-                        Metrics(), WebhookSender(generate_secret()))
-    with TestClient(create_app(settings, services)) as client:
+    with app_client(tmp_path, idle_services(tmp_path, store=RedisJobStore(own_redis.url))) as (client, _):
         body = {"model": "wan-tiny", "prompt": "a fox", "size": "64x64", "num_frames": 5, "num_inference_steps": 1}
         video_id = client.post("/v1/videos", json=body).json()["id"]
         eventually(lambda: own_redis.on_disk(video_id), what="the job to reach the AOF")
@@ -312,10 +304,7 @@ def test_the_api_answers_503_while_its_redis_store_is_down(own_redis, tmp_path):
 
 def test_a_delete_while_the_storage_is_down_is_a_503_that_can_be_retried(tmp_path):
     storage = SwitchedStorage(tmp_path / "files", outage_seconds=math.inf)
-    settings = Settings(data_dir=tmp_path / "data", chat_model="")
-    services = Services(settings, SQLiteJobStore(tmp_path / "jobs.sqlite"), storage, IdleQueue(), Metrics(),
-                        WebhookSender(generate_secret()))
-    with TestClient(create_app(settings, services)) as client:
+    with app_client(tmp_path, idle_services(tmp_path, storage=storage)) as (client, _):
         body = {"model": "wan-tiny", "prompt": "a fox", "size": "64x64", "num_frames": 5, "num_inference_steps": 1}
         video_id = client.post("/v1/videos", json=body).json()["id"]
         storage.inner.put_bytes(f"{video_id}/chunk-0.mp4", b"a chunk")

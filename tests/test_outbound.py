@@ -12,11 +12,9 @@ import logging
 import socket
 
 import pytest
-from fastapi.testclient import TestClient
+from apps import app_client, idle_services
 from receivers import Receiver
 
-from vidserve.api.app import create_app
-from vidserve.config import Settings
 from vidserve.outbound import URLNotAllowed, check_url, is_public
 from vidserve.webhooks import WebhookSender, generate_secret
 
@@ -97,9 +95,7 @@ def test_check_url_resolves_and_judges_every_address(resolver):
 
 @pytest.mark.own_network_namespace
 def test_webhook_urls_to_private_hosts_are_refused_at_submission(tmp_path, resolver, connections):
-    app = create_app(Settings(data_dir=tmp_path / "data", chat_model=""))
-    app.state.services.queue.start = lambda: None  # no worker: nothing would run a job that got in
-    with TestClient(app) as client:
+    with app_client(tmp_path, idle_services(tmp_path)) as (client, _):  # no worker: nothing would run a job that got in
         for url in REFUSED:
             response = client.post("/v1/videos", json={"model": "wan-tiny", "prompt": "x", "webhook_url": url})
             assert response.status_code == 400, (url, response.text)
@@ -112,7 +108,7 @@ def test_webhook_urls_to_private_hosts_are_refused_at_submission(tmp_path, resol
 
 @pytest.mark.own_network_namespace
 def test_image_urls_to_private_hosts_are_refused(tmp_path, resolver, connections):
-    with TestClient(create_app(Settings(data_dir=tmp_path / "data", chat_remote_images=True))) as client:
+    with app_client(tmp_path, chat_model="vlm-tiny", chat_remote_images=True) as (client, _):
         for url in REFUSED:
             response = client.post("/v1/chat/completions", json={"messages": [
                 {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})

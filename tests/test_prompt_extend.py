@@ -7,21 +7,18 @@ from __future__ import annotations
 import io
 
 import pytest
-from fastapi.testclient import TestClient
+from apps import app_client
 from PIL import Image
 from polling import eventually
 from servers import Server
 
-from vidserve.api.app import create_app
-from vidserve.config import Settings
 from vidserve.workers.prompt_writer import EngineWriter, HTTPWriter
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    app = create_app(Settings(data_dir=tmp_path_factory.mktemp("extend") / "data"))
-    with TestClient(app) as client:
-        yield client, app.state.services
+    with app_client(tmp_path_factory.mktemp("extend"), chat_model="vlm-tiny") as (client, services):
+        yield client, services
 
 
 def finished(client, video_id: str, timeout: float = 120) -> dict:
@@ -85,8 +82,7 @@ def test_caption_chain_on_a_single_chunk_is_refused(api):
 
 
 def test_without_a_chat_model_the_options_are_refused(tmp_path):
-    app = create_app(Settings(data_dir=tmp_path / "data", chat_model=""))
-    with TestClient(app) as client:
+    with app_client(tmp_path) as (client, _):
         response = client.post("/v1/videos", json={"model": "wan-tiny", "prompt": "x", "prompt_extend": True})
         assert response.status_code == 400 and response.json()["error"]["param"] == "prompt_extend"
         assert client.get("/v1/videos").json()["data"] == []

@@ -11,13 +11,11 @@ import zipfile
 import numpy as np
 import openai
 import pytest
-from fastapi.testclient import TestClient
+from apps import app_client
 from PIL import Image
 from probe import probe
 
 from vidserve import __version__
-from vidserve.api.app import create_app
-from vidserve.config import Settings
 from vidserve.media.renderer import ENCODERS, Encoder
 from vidserve.media import encode_mp4, save_thumbnail
 from vidserve.pipelines import chain
@@ -63,8 +61,7 @@ def api(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(chain, "generate_video", recording)
-        settings = Settings(data_dir=tmp_path_factory.mktemp("renditions") / "data", chat_model="")
-        with TestClient(create_app(settings)) as client:
+        with app_client(tmp_path_factory.mktemp("renditions")) as (client, _):
             yield client, made
 
 

@@ -5,26 +5,20 @@ from there, and deleted with the video or when it expires."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-from queues import IdleQueue
+from apps import app_client, idle_services
 from stores import TEST_BUCKET
 
-from vidserve.api.app import create_app
 from vidserve.api.services import Services
-from vidserve.config import Settings
 from vidserve.jobs import Job, JobStatus
-from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
 from vidserve.media.renditions import OutputRequest, resolve_outputs
-from vidserve.storage import open_storage
-from vidserve.storage.s3 import s3_client
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
+from vidserve.storage.s3 import S3Storage, s3_client
 from vidserve.workers.runner import JobRunner
 
 OUTPUTS = [OutputRequest(format="webm", fps=8, fps_mode="blend"), OutputRequest(format="frames"),
@@ -32,41 +26,41 @@ OUTPUTS = [OutputRequest(format="webm", fps=8, fps_mode="blend"), OutputRequest(
 
 
 @pytest.fixture(params=["local", "s3"])
-def settings(request, tmp_path):
+def services(request, tmp_path):
     if request.param == "local":
-        return Settings(data_dir=tmp_path / "data", chat_model="")
-    prefix = f"test-{uuid.uuid4().hex[:16]}/files"
-    return Settings(data_dir=tmp_path / "data", chat_model="", storage=f"s3://{TEST_BUCKET}/{prefix}",
-                    s3_endpoint_url=request.getfixturevalue("s3_url"), content_redirect=True)
+        return idle_services(tmp_path)
+    # Opened here, not named in settings: idle_services' `storage` takes the Storage itself.
+    url, endpoint = f"s3://{TEST_BUCKET}/test-{uuid.uuid4().hex[:16]}/files", request.getfixturevalue("s3_url")
+    return idle_services(tmp_path, storage=S3Storage.from_url(url, endpoint_url=endpoint), s3_endpoint_url=endpoint,
+                         content_redirect=True)
 
 
-def stored(settings: Settings, video_id: str) -> list[str]:
+def stored(services: Services, video_id: str) -> list[str]:
     """The video's files, looked up where the storage keeps them (not through it)."""
-    if settings.storage == "local":
-        folder = settings.data_dir / "files" / video_id
+    location = services.storage.location  # a folder, or s3://BUCKET/PREFIX/
+    if not location.startswith("s3://"):
+        folder = Path(location) / video_id
         return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
-    prefix = settings.storage.split("/", 3)[3] + f"/{video_id}/"
-    page = s3_client(settings.s3_endpoint_url).list_objects_v2(Bucket=TEST_BUCKET, Prefix=prefix)
+    prefix = location.split("/", 3)[3] + f"{video_id}/"
+    page = s3_client(services.settings.s3_endpoint_url).list_objects_v2(Bucket=TEST_BUCKET, Prefix=prefix)
     return sorted(item["Key"][len(prefix):] for item in page.get("Contents", ()))
 
 
-def test_renditions_are_stored_served_and_expired_with_the_video(settings, monkeypatch, tmp_path):
+def test_renditions_are_stored_served_and_expired_with_the_video(services, monkeypatch, tmp_path):
     frames = np.random.default_rng(0).integers(0, 255, (9, 48, 64, 3), dtype=np.uint8)
     monkeypatch.setattr(chain, "generate_video", lambda request, *args, **kwargs: chain.VideoResult(
         frames=frames, fps=request.fps, seed=request.seed))
-    storage = open_storage(settings)
-    services = Services(settings, SQLiteJobStore(tmp_path / "jobs.sqlite"), storage, IdleQueue(), Metrics(),
-                        WebhookSender(generate_secret()))
+    settings, storage = services.settings, services.storage
     # Two chunks, so the runner encodes the whole MP4 itself: the stand-in generator stores no chunk.
     params = JobParams(width=64, height=48, num_frames=9, fps=16, steps=1, guidance=1.0, seed=3, chunk_frames=(5, 5),
                        seconds="0.5", outputs=resolve_outputs(OUTPUTS, 64, 48, 16, 9, settings))
     job, _ = services.store.create(Job(model="wan-tiny", prompt="a fox", params=params))
     done = JobRunner(settings, services.store, storage, worker_id="w").run(job.id)
     assert done.status is JobStatus.completed, done.error
-    assert stored(settings, job.id) == ["outputs/frames.zip", "outputs/gif.gif", "outputs/webm.webm",
+    assert stored(services, job.id) == ["outputs/frames.zip", "outputs/gif.gif", "outputs/webm.webm",
                                         "spritesheet.jpg", "thumbnail.webp", "video.mp4"]
 
-    with TestClient(create_app(settings, services)) as client:
+    with app_client(tmp_path, services) as (client, _):
         for name, media_type in (("webm", "video/webm"), ("frames", "application/zip"), ("gif", "image/gif"),
                                  ("spritesheet", "image/jpeg")):
             response = client.get(f"/v1/videos/{job.id}/content", params={"variant": name}, follow_redirects=False)
@@ -77,5 +71,5 @@ def test_renditions_are_stored_served_and_expired_with_the_video(settings, monke
             assert response.content == storage.read_bytes(done.outputs[name]), name
 
         assert services.sweeper.sweep(now=done.completed_at + settings.output_ttl + 1) == [job.id]
-        assert stored(settings, job.id) == []
+        assert stored(services, job.id) == []
         assert client.get(f"/v1/videos/{job.id}/content", params={"variant": "webm"}).status_code == 410

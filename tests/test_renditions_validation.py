@@ -7,17 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-from queues import IdleQueue
+from apps import app_client, idle_services
 
-from vidserve.api.app import create_app
-from vidserve.api.services import Services
-from vidserve.config import Settings
-from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.media import encode_mp4
-from vidserve.storage import LocalStorage
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 
 VIDEO = {"model": "wan-tiny", "prompt": "a fox", "size": "96x64", "num_frames": 17}
 LIMITS = {"max_outputs": 3, "max_output_side": 640, "max_output_frames": 40}
@@ -49,10 +41,7 @@ BAD_OUTPUTS = {
 
 @pytest.fixture
 def api(tmp_path):
-    settings = Settings(data_dir=tmp_path / "data", chat_model="", **LIMITS)
-    services = Services(settings, SQLiteJobStore(tmp_path / "jobs.sqlite"), LocalStorage(tmp_path / "files"),
-                        IdleQueue(), Metrics(), WebhookSender(generate_secret()))
-    with TestClient(create_app(settings, services)) as client:
+    with app_client(tmp_path, idle_services(tmp_path, **LIMITS)) as (client, services):
         yield client, services
 
 

@@ -4,45 +4,28 @@ and nothing about the server's disks, hosts or keys told to whoever asks."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlencode
 
 import httpx
 import pytest
+from apps import app_client, idle_services
 from fastapi.testclient import TestClient
-from queues import IdleQueue
 from servers import free_port
 from test_expiry import completed_video
 from test_hostile_input import assert_openai_error
 from test_tenancy import KEYS, keys_file
 
-from vidserve.api.app import create_app
-from vidserve.api.services import Services
-from vidserve.config import Settings
 from vidserve.errors import ECHO_CHARS
-from vidserve.jobs.store_sqlite import SQLiteJobStore
-from vidserve.storage import LocalStorage
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 
 VIDEO = {"model": "wan-tiny", "prompt": "a fox", "size": "64x64", "num_frames": 5, "num_inference_steps": 1}
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 
 
-@contextmanager
-def app(tmp_path: Path, **settings) -> Iterator[tuple[TestClient, Services]]:
-    config = Settings(data_dir=tmp_path / "data", chat_model="", **settings)
-    services = Services(config, SQLiteJobStore(tmp_path / "jobs.sqlite"), LocalStorage(tmp_path / "files"),
-                        IdleQueue(), Metrics(), WebhookSender(generate_secret()))
-    with TestClient(create_app(config, services)) as client:
-        yield client, services
-
-
 @pytest.fixture
 def client(tmp_path) -> Iterator[TestClient]:
-    with app(tmp_path) as (client, _):
+    with app_client(tmp_path, idle_services(tmp_path)) as (client, _):
         yield client
 
 
@@ -112,7 +95,7 @@ def test_indexed_form_lists_count_from_zero_without_gaps(client, pairs):
 
 
 def test_an_unsatisfiable_range_is_a_json_error_with_its_content_range(tmp_path):
-    with app(tmp_path) as (client, services):
+    with app_client(tmp_path, idle_services(tmp_path)) as (client, services):
         video_id = completed_video(client, services, tmp_path, output_ttl=0)
         size = services.storage.size(f"{video_id}/video.mp4")
         response = client.get(f"/v1/videos/{video_id}/content", headers={"Range": f"bytes={size}-"})
@@ -133,7 +116,7 @@ def test_error_messages_quote_only_a_prefix_of_what_was_sent(client):
 
 
 def test_readiness_detail_is_for_admins_and_names_no_path(tmp_path):
-    with app(tmp_path, keys_file=keys_file(tmp_path)) as (client, _):
+    with app_client(tmp_path, idle_services(tmp_path, keys_file=keys_file(tmp_path))) as (client, _):
         assert client.get("/readyz").json() == {"status": "ready"}
         assert client.get("/readyz", headers=as_key("team-a")).json() == {"status": "ready"}
         assert client.get("/readyz", headers=as_key("ops")).json() == {"status": "ready", "queue": "embedded",
@@ -142,7 +125,8 @@ def test_readiness_detail_is_for_admins_and_names_no_path(tmp_path):
 
 def test_metrics_need_an_admin_key_or_a_listener_of_their_own(tmp_path):
     port = free_port()
-    with app(tmp_path, keys_file=keys_file(tmp_path), metrics_address=f"127.0.0.1:{port}") as (client, _):
+    services = idle_services(tmp_path, keys_file=keys_file(tmp_path), metrics_address=f"127.0.0.1:{port}")
+    with app_client(tmp_path, services) as (client, _):
         client.post("/v1/videos", json=VIDEO, headers=as_key("team-a"))
         assert_openai_error(client.get("/metrics"), 401, code="invalid_api_key")
         assert_openai_error(client.get("/metrics", headers=as_key("team-a")), 403, code="admin_required")

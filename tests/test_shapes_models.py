@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from apps import app_client
 from diffusers import WanTransformer3DModel
-from fastapi.testclient import TestClient
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -23,7 +23,6 @@ from training import common, replay, shapes_world as world, train_wan
 from training.shapes_score import score_caption
 from training.vlm_shapes import build as build_vlm, pixel_values
 from training.wan_shapes import build_transformer, deepen
-from vidserve.api.app import create_app
 from vidserve.config import Settings
 from vidserve.pipelines.chain import generate_video
 from vidserve.registry import WEIGHTS, resolve, spec_from_folder
@@ -76,7 +75,7 @@ def test_vlm_names_the_colours_and_shapes_of_held_out_frames(tmp_path):
     """Through POST /v1/chat/completions, on frames of (shape, colour, background) triples it never saw."""
     specs = [s for s in world.sample_specs(300, 99, frames=17) if world.is_frame_heldout(s) and len(s.objects) == 1]
     captions, colours, shapes = [], [], []
-    with TestClient(create_app(Settings(data_dir=tmp_path / "data", chat_model="vlm-shapes"))) as client:
+    with app_client(tmp_path, chat_model="vlm-shapes") as (client, _):
 
         def ask(image: Image.Image, question: str) -> str:
             reply = client.post("/v1/chat/completions", json={

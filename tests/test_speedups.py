@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fastapi.testclient import TestClient
+from apps import app_client
 
-from vidserve.api.app import create_app
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest, VidserveError
 from vidserve.options import CacheOptions, GenerationOptions, LoadOptions
@@ -72,7 +71,7 @@ def test_cache_options_come_from_the_server_default_and_are_checked():
 
 
 def test_api_records_the_cache_a_job_ran_with(tmp_path):
-    with TestClient(create_app(Settings(data_dir=tmp_path / "data", chat_model=""))) as client:
+    with app_client(tmp_path) as (client, _):
         video = client.post("/v1/videos", json={"prompt": "x", "cache": {"kind": "taylorseer"}}).json()
         assert video["cache"] == CacheOptions(kind="taylorseer").model_dump()
         bad = client.post("/v1/videos", json={"prompt": "x", "cache": {"threshold": 7}})

@@ -11,24 +11,18 @@ import httpx
 import numpy as np
 import pytest
 from boto3.s3.transfer import TransferConfig
-from fastapi.testclient import TestClient
+from apps import app_client, idle_services
 from PIL import Image
 from stores import TEST_BUCKET
 from pydantic import ValidationError
-from queues import IdleQueue
 
 from vidserve import cli
-from vidserve.api.app import create_app
-from vidserve.api.services import Services
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
 from vidserve.jobs import JobStatus, complete
-from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.media import encode_mp4
 from vidserve.storage import LocalStorage, open_storage
 from vidserve.storage.s3 import S3Storage, s3_client
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 
 MiB = 1024 * 1024
 BUCKET = TEST_BUCKET
@@ -162,7 +156,7 @@ def test_a_big_file_uploads_in_parts_and_copies_server_side(s3_url, prefix, tmp_
 
 
 def test_a_presigned_url_downloads_the_file(s3_url, prefix):
-    storage = S3Storage.from_url(f"s3://{BUCKET}/{prefix}", endpoint_url=s3_url)
+    storage = S3Storage.from_url(f"s3://{BUCKET}/{prefix}", endpoint_url=s3_url)  # idle_services takes the Storage
     storage.put_bytes("video_a/video.mp4", b"presigned bytes")
     response = httpx.get(storage.url("video_a/video.mp4", 60, filename="video_a.mp4"))
     assert response.status_code == 200 and response.content == b"presigned bytes"
@@ -194,12 +188,8 @@ def png_bytes() -> bytes:
 
 
 def test_the_api_keeps_a_jobs_files_in_the_bucket(s3_url, prefix, tmp_path):
-    settings = Settings(data_dir=tmp_path / "data", chat_model="", storage=f"s3://{BUCKET}/{prefix}",
-                        s3_endpoint_url=s3_url)
-    storage = open_storage(settings)
-    services = Services(settings, SQLiteJobStore(tmp_path / "jobs.sqlite"), storage, IdleQueue(), Metrics(),
-                        WebhookSender(generate_secret()))
-    with TestClient(create_app(settings, services)) as client:
+    storage = S3Storage.from_url(f"s3://{BUCKET}/{prefix}", endpoint_url=s3_url)  # idle_services takes the Storage
+    with app_client(tmp_path, idle_services(tmp_path, storage=storage, s3_endpoint_url=s3_url)) as (client, services):
         created = client.post("/v1/videos", data={"model": "wan-tiny-i2v", "prompt": "x", "size": "64x64",
                                                   "num_frames": "5", "num_inference_steps": "1"},
                               files={"input_reference": ("a.png", png_bytes(), "image/png")})
@@ -220,7 +210,7 @@ def test_the_api_keeps_a_jobs_files_in_the_bucket(s3_url, prefix, tmp_path):
         assert ranged.status_code == 206 and ranged.content == video[10:100]
         assert ranged.headers["content-range"] == f"bytes 10-99/{len(video)}"
 
-        services.settings = settings.model_copy(update={"content_redirect": True, "content_url_seconds": 60})
+        services.settings = services.settings.model_copy(update={"content_redirect": True, "content_url_seconds": 60})
         redirect = client.get(f"/v1/videos/{video_id}/content", follow_redirects=False)
         assert redirect.status_code == 307 and redirect.headers["cache-control"] == "no-store"
         assert httpx.get(redirect.headers["location"]).content == video

@@ -11,22 +11,15 @@ import uuid
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
+from apps import app_client, idle_services
 from servers import Server
-from queues import IdleQueue
 
-from vidserve.api.app import create_app
 from vidserve.api.services import Services
-from vidserve.config import Settings
 from vidserve.errors import VidserveError
 from vidserve.jobs import JobStatus, complete
 from vidserve.jobs.store_redis import RedisJobStore
-from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.keys import KeyRing, key_digest
 from vidserve.media import encode_mp4
-from vidserve.storage import LocalStorage
-from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, generate_secret
 
 KEYS = {"team-a": "key-a-0123456789", "team-b": "key-b-0123456789", "ops": "key-ops-0123456789"}
 BODY = {"model": "wan-tiny", "prompt": "a red fox", "seconds": "1", "size": "64x64", "num_inference_steps": 1}
@@ -43,22 +36,19 @@ def keys_file(tmp_path, **quotas) -> str:
     return str(path)
 
 
-def make_client(kind, request, tmp_path, **quotas):
-    settings = Settings(data_dir=tmp_path / "data", chat_model="", keys_file=keys_file(tmp_path, **quotas))
-    if kind == "sqlite":
-        store = SQLiteJobStore(tmp_path / "jobs.sqlite")
-    else:
+def tenant_services(kind, request, tmp_path, **quotas) -> Services:
+    """Idle services on a SQLite or Redis store whose keys file holds KEYS, with `quotas` by key name."""
+    store = None  # idle_services' SQLite
+    if kind == "redis":
         store = RedisJobStore(request.getfixturevalue("redis_url"), prefix=f"tenancy-{uuid.uuid4().hex}")
-    services = Services(settings, store, LocalStorage(tmp_path / "files"), IdleQueue(), Metrics(),
-                        WebhookSender(generate_secret()))
-    services.metrics.watch(store)
-    return TestClient(create_app(settings, services)), services
+    services = idle_services(tmp_path, store=store, keys_file=keys_file(tmp_path, **quotas))
+    services.metrics.watch(services.store)
+    return services
 
 
 @pytest.fixture(params=["sqlite", "redis"])
 def api(request, tmp_path):
-    client, services = make_client(request.param, request, tmp_path)
-    with client:
+    with app_client(tmp_path, tenant_services(request.param, request, tmp_path)) as (client, services):
         yield client, services
 
 
@@ -129,8 +119,8 @@ def test_an_idempotency_key_belongs_to_the_api_key_that_sent_it(api):
 
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_a_key_at_its_active_job_limit_gets_429_while_another_submits(request, tmp_path, store):
-    client, _ = make_client(store, request, tmp_path, **{"team-a": {"max_active_jobs": 2}})
-    with client:
+    services = tenant_services(store, request, tmp_path, **{"team-a": {"max_active_jobs": 2}})
+    with app_client(tmp_path, services) as (client, _):
         for _ in range(2):
             assert client.post("/v1/videos", json=BODY, headers=as_key("team-a")).status_code == 200
         refused = client.post("/v1/videos", json=BODY, headers=as_key("team-a"))
@@ -147,8 +137,8 @@ def test_a_key_at_its_active_job_limit_gets_429_while_another_submits(request, t
 
 
 def test_a_keys_own_maxima_refuse_bigger_requests(tmp_path, request):
-    client, _ = make_client("sqlite", request, tmp_path, **{"team-a": {"max_steps": 4, "max_seconds": 2}})
-    with client:
+    services = tenant_services("sqlite", request, tmp_path, **{"team-a": {"max_steps": 4, "max_seconds": 2}})
+    with app_client(tmp_path, services) as (client, _):
         response = client.post("/v1/videos", json={**BODY, "num_inference_steps": 8}, headers=as_key("team-a"))
         assert response.status_code == 400 and response.json()["error"]["param"] == "num_inference_steps"
         response = client.post("/v1/videos", json={**BODY, "seconds": "4"}, headers=as_key("team-a"))

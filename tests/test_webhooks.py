@@ -14,18 +14,12 @@ import time
 import uuid
 
 import pytest
+from apps import app_client, idle_services
 from polling import eventually
-from fastapi.testclient import TestClient
-from queues import IdleQueue
 from receivers import Receiver
 
-from vidserve.api.app import create_app
-from vidserve.api.services import Services
-from vidserve.config import Settings
 from vidserve.jobs.store_redis import RedisJobStore
 from vidserve.jobs.store_sqlite import SQLiteJobStore
-from vidserve.storage import LocalStorage
-from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, generate_secret, sign, verify
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdefghijklmn").decode()
@@ -280,10 +274,10 @@ def test_an_api_that_starts_sends_what_a_stopped_one_left_pending(receiver, tmp_
     stopped.send(r.url, "video.completed", VIDEO)
     eventually(lambda: r.answered, what="the first attempt")
     stopped.close(timeout=0)
-    settings = Settings(data_dir=tmp_path / "data", chat_model="")
-    services = Services(settings, store, LocalStorage(tmp_path / "files"), IdleQueue(), Metrics(),
-                        loopback_sender(store=store))
-    with TestClient(create_app(settings, services)):
+    services = idle_services(tmp_path, store=store)
+    services.webhooks.close(timeout=0)  # idle_services' sender keeps no outbox; this API resends from the store's
+    services.webhooks = loopback_sender(store=store)
+    with app_client(tmp_path, services):
         eventually(lambda: len(r.requests) == 2, what="the pending event, sent as the API starts")
         eventually(lambda: store.pending_deliveries() == [], what="the delivery to leave the store")
     (headers_1, body_1), (headers_2, body_2) = r.requests  # the same event, signed anew when sent again

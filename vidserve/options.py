@@ -35,12 +35,10 @@ class AttentionOptions(BaseModel):
                                             "key tiles `selection` picks ('topk' is read as 'sparse').")
     density: float = Field(0.125, gt=0, le=1, description="Share of key tiles each query tile keeps; with "
                            "selection 'mass', the most kept on average over all query tiles and heads.")
-    # With these defaults "mass" runs faster than top-k at the same density where its rows need
-    # fewer tiles than the total allows, and keeps more of the attention than top-k for the same
-    # cost where the total binds: measured in benchmarks/RESULTS.md, "Block-sparse attention on
-    # CPU" ("Selection by attention mass (the default), against top-k").
+    # "topk" by default: no "mass" setting beats it on every input family of
+    # benchmarks/attention.py (RESULTS: "Defaults by the worst case over input families").
     selection: Literal["topk", "mass"] = Field(
-        "mass", description="How many key tiles each query tile keeps: 'topk' the same share everywhere; "
+        "topk", description="How many key tiles each query tile keeps: 'topk' the same share everywhere; "
         "'mass' per query tile and head, enough for `mass` of the estimated attention, within "
         "[min_density, max_density] and the `density` total.")
     mass: float = Field(0.6, gt=0, le=1, description="selection 'mass': share of a query tile's estimated "

@@ -61,7 +61,7 @@ def sparse_attention(
     sink: bool = False,
     backend: str | None = None,
     query_tile: Triple | None = None,
-    selection: Selection = "mass",
+    selection: Selection = "topk",
     mass: float = 0.6,
     min_density: float = 0.08,
     max_density: float = 0.25,

@@ -22,11 +22,10 @@ The total cost is bounded by top-k's: per batch element, the tiles kept over all
 and query tiles never exceed what "topk" at `density` keeps; where the rows want more,
 the tiles with the least pooled mass beyond each row's minimum are dropped first, across
 all heads and query tiles (the most estimated mass for the cost). Only minimums above that
-total (`min_density` above `density`) can exceed it. On the synthetic video-like inputs,
-where the total binds (L=16384) this keeps more of the attention than "topk" at the same
-cost; where it does not (L=8192), `mass` stops rows early and saves tiles for a small loss
-of fidelity (measured in benchmarks/RESULTS.md, "Selection by attention mass (the default),
-against top-k").
+total (`min_density` above `density`) can exceed it. "topk" is the default: over the input
+families of benchmarks/attention.py no mass setting beats it on every family, and a low
+`mass` target stops rows early where attention is spread evenly, losing fidelity top-k keeps
+(benchmarks/RESULTS.md, "Defaults by the worst case over input families").
 
 In either mode, `density` >= 1 keeps every key tile (exact dense attention).
 
@@ -70,7 +69,7 @@ def select_key_tiles(
     *,
     neighbours: int,
     sink: bool,
-    selection: Selection = "mass",
+    selection: Selection = "topk",
     mass: float = 0.6,
     min_density: float = 0.08,
     max_density: float = 0.25,
