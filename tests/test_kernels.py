@@ -359,9 +359,9 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="selection"):
         sparse_attention(q, k, v, grid, selection="top-p")
     with pytest.raises(ValueError, match="min_density <= max_density"):
-        sparse_attention(q, k, v, grid, min_density=0.5, max_density=0.25)
+        sparse_attention(q, k, v, grid, selection="mass", min_density=0.5, max_density=0.25)
     with pytest.raises(ValueError, match="mass"):
-        sparse_attention(q, k, v, grid, mass=0.0)
+        sparse_attention(q, k, v, grid, selection="mass", mass=0.0)
 
 
 def test_dense_attention_is_sdpa_on_cpu():
