@@ -21,9 +21,9 @@ from .errors import APIError
 from .schemas import VideoCreate, VideoExtend
 
 
-
 def _structured_fields(*models: type[BaseModel]) -> frozenset[str]:
     """The fields whose values are lists or objects."""
+
     def structured(annotation) -> bool:
         kinds = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
         return any(get_origin(kind) in (list, dict, tuple) or kind in (list, dict) or

@@ -2,7 +2,7 @@
 
 `GenerationOptions` declares each such field once: the API's request bodies extend it, the
 CLI's `generate` flags are made from it, and `vidserve.requests.build_request` resolves it
-into the request a pipeline runs and a job stores. The option groups below it (attention,
+into the request a pipeline runs and a job stores. The option groups it holds (attention,
 step caching) have a server default (`VIDSERVE_ATTENTION` as JSON) that a request may override
 field by field. Plain data, validated here so the API and CLI reject bad values before a
 model sees them.
