@@ -13,7 +13,7 @@ from vidserve.ratelimit import OpenStreams
 from . import errors, openapi
 from .auth import KeyRateLimit
 from .body_limit import BodyLimit
-from .routers import chat, health, loras, metrics, models, playground, videos
+from .routers import chat, health, loras, metrics, models, playground, realtime, streams, videos
 from .services import Services, build_services
 
 
@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(KeyRateLimit, services=services)  # added last: the outermost, so it answers first
     app.state.streams = OpenStreams()
-    for router in (videos.router, chat.router, models.router, loras.router, health.router, metrics.router,
+    for router in (videos.router, streams.router, realtime.router, chat.router, models.router, loras.router, health.router, metrics.router,
                    playground.router):
         app.include_router(router)
     return app

@@ -47,7 +47,7 @@ async def read_body(request: Request, limit: int, file_fields: tuple[str, ...]) 
     fields = _parse_object(await request.body() or b"{}")
     files = {}
     if "input_reference" in file_fields and fields.get("input_reference") is not None:
-        files["input_reference"] = _reference_bytes(fields.pop("input_reference"), limit)
+        files["input_reference"] = reference_bytes(fields.pop("input_reference"), limit)
     return fields, files
 
 
@@ -209,7 +209,7 @@ def _too_deep(param: str | None) -> APIError:
                     code="json_too_deep")
 
 
-def _reference_bytes(reference: Any, limit: int) -> bytes:
+def reference_bytes(reference: Any, limit: int) -> bytes:
     """JSON bodies may carry the first frame as {"image_url": "data:image/png;base64,..."}."""
     url = reference.get("image_url") if isinstance(reference, dict) else None
     if not isinstance(url, str) or not url.startswith("data:"):

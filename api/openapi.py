@@ -32,7 +32,7 @@ BODIES: dict[tuple[str, str], tuple[type[BaseModel], tuple[str, ...]]] = {
 _MEANINGS = {
     "400": "Invalid request: the message names the parameter.",
     "401": "Missing or unknown API key.",
-    "403": "The API key is not an admin key.",
+    "403": "The API key is not an admin key, or a stream token is invalid or expired.",
     "404": "No such video (another key's videos are not found either), or no such model.",
     "405": "Method not allowed.",
     "409": "The video is not in a state that allows this.",
@@ -57,6 +57,8 @@ _ROUTE_ERRORS = {
     ("/v1/videos/{video_id}/content", "get"): ("404", "409", "410", "416"),
     ("/v1/videos/{video_id}/remix", "post"): ("404", "410"),
     ("/v1/videos/{video_id}/events", "get"): ("404",),
+    ("/v1/videos/{video_id}/stream.m3u8", "get"): ("403", "404", "410"),
+    ("/v1/videos/{video_id}/stream/{name}", "get"): ("403", "404", "409", "410", "416"),
     ("/v1/chat/completions", "post"): ("404",),
     ("/readyz", "get"): ("503",),
     ("/metrics", "get"): ("401", "403", "429"),
@@ -81,6 +83,17 @@ _SUCCESSES = {
                                "of the file.", "headers": {"Location": {"schema": {"type": "string"}}}}},
     ("/v1/videos/{video_id}/events", "get"): {
         "200": {"description": "Server-Sent Events until the video ends.", "content": {"text/event-stream": {}}}},
+    ("/v1/videos/{video_id}/stream.m3u8", "get"): {
+        "200": {"description": "An HLS media playlist (version 7, fMP4): EVENT while the video is made, ended once "
+                               "it is completed, failed or cancelled.",
+                "content": {"application/vnd.apple.mpegurl": {"schema": {"type": "string"}}}}},
+    ("/v1/videos/{video_id}/stream/{name}", "get"): {
+        "200": {"description": "The init segment (init.mp4) or a media segment (N.m4s, source.m4s).",
+                "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in ("video/mp4",
+                                                                                          "video/iso.segment")}},
+        "206": {"description": "The asked byte range of the segment."},
+        "307": {"description": "With VIDSERVE_CONTENT_REDIRECT and S3 storage: Location is a presigned URL of the "
+                               "segment.", "headers": {"Location": {"schema": {"type": "string"}}}}},
     ("/v1/chat/completions", "post"): {
         "200": {"description": "A chat.completion, or with stream=true chat.completion.chunk events.",
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},

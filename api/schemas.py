@@ -6,10 +6,15 @@ the server's limits (prompt length included), the same rules the CLI gets."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vidserve.media.renditions import OutputRequest
 from vidserve.options import GenerationOptions
+from vidserve.webhooks import EVENT_TYPES
+
+WEBHOOK_EVENTS = tuple(sorted(EVENT_TYPES))
 
 OUTPUTS_DESCRIPTION = ("Renditions to make beside the default H.264 MP4 (`video`): each downloads as "
                        "content?variant=NAME once the video is completed.")
@@ -26,6 +31,10 @@ class _JobFields(GenerationOptions):
     model: str | None = Field(None, min_length=1, description="A registry name; the server's default if unset.")
     outputs: list[OutputRequest] | None = Field(None, max_length=64, description=OUTPUTS_DESCRIPTION)
     webhook_url: str | None = Field(None, max_length=2048)
+    webhook_events: list[Literal[WEBHOOK_EVENTS]] | None = Field(
+        None, max_length=len(WEBHOOK_EVENTS), description="What the webhook receives: by default the end "
+        "(video.completed, video.failed, video.cancelled); video.chunk adds each chunk as it becomes playable, "
+        "naming its stream segment.")
     metadata: dict[str, str] | None = None
 
     @field_validator("webhook_url")

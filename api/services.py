@@ -13,11 +13,13 @@ from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
 from vidserve.jobs.expiry import ExpirySweeper
 from vidserve.jobs import Job, JobStore
+from vidserve.jobs.video_object import VideoObject
 from vidserve.keys import KeyRing
 from vidserve.loras import LoraRegistry
 from vidserve.ratelimit import LocalRateLimiter, RateLimiter
 from vidserve.registry import ModelSpec, weights_here
 from vidserve.storage import Storage, open_storage
+from vidserve.stream_tokens import StreamTokens, stream_tokens
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, build_sender
 
@@ -46,6 +48,7 @@ class Services:
     adapters: LoraRegistry | None = None  # None: the settings' (and the bundled) LoRA adapters
     limiter: RateLimiter = field(default_factory=LocalRateLimiter)
     sweeper: ExpirySweeper | None = None  # None: one on this store and storage
+    stream_tokens: StreamTokens | None = None  # None: the settings' (made only on a server with keys)
     _metrics_listener: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -56,6 +59,12 @@ class Services:
                                                       self.settings.lora_cache)
         if self.sweeper is None:
             self.sweeper = ExpirySweeper(self.store, self.storage, self.settings.expiry_sweep_seconds)
+        if self.stream_tokens is None and self.keyring.enabled:
+            self.stream_tokens = stream_tokens(self.settings)
+
+    def video(self, job: Job) -> VideoObject:
+        """The video object as this API answers with it: on a server with keys, its stream URL signed."""
+        return VideoObject.of(job, self.stream_tokens.sign(job.id) if self.keyring.enabled else None)
 
     def unavailable(self, spec: ModelSpec) -> str | None:
         """Why a job for `spec` would not run now, and what to do about it; None if it would.

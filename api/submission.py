@@ -37,7 +37,8 @@ def submit_video(svc: Services, caller: Caller, body: VideoCreate, image_bytes: 
     if idempotency_key is not None and caller.name is not None:
         idempotency_key = f"{caller.name}:{idempotency_key}"  # one key's retries never find another key's job
     job = _job(svc, caller, spec.name, request.prompt, JobParams.of(request, seconds, outputs=outputs),
-               webhook_url=body.webhook_url, metadata=body.metadata, idempotency_key=idempotency_key,
+               webhook_url=body.webhook_url, webhook_events=body.webhook_events,
+               metadata=body.metadata, idempotency_key=idempotency_key,
                request_hash=request_hash)
     if image is not None:
         buffer = io.BytesIO()
@@ -81,7 +82,8 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     # Renditions of the whole extended video.
     outputs = resolve_outputs(body.outputs, request.width, request.height, request.fps, total, svc.settings)
     params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=source_frames, outputs=outputs)
-    job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url, metadata=body.metadata,
+    job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url, webhook_events=body.webhook_events,
+               metadata=body.metadata,
                extends_video_id=body.video.id if body.video else None)
     source_key = f"{job.id}/source.mp4"
     job.source_video_key = (svc.storage.copy(source_job.outputs["video"], source_key) if body.video is not None
@@ -103,6 +105,7 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str,
     if source.is_expired():  # its first frame and source video went with its outputs
         raise video_expired(source)
     job = _job(svc, caller, source.model, prompt, params, webhook_url=source.webhook_url,
+               webhook_events=source.webhook_events,
                    metadata=source.metadata, remixed_from_video_id=source.id, extends_video_id=source.extends_video_id)
     if source.input_image_key:
         job.input_image_key = svc.storage.copy(source.input_image_key, f"{job.id}/input.png")

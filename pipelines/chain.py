@@ -26,6 +26,9 @@ from .loras import LoraEvent
 from .video import StepCallback, VideoPipeline, get_pipeline
 
 ChunkCallback = Callable[[int, np.ndarray, DriftMetrics, str], None]  # (index, frames, drift, prompt)
+# Called as each chunk begins: its prompt where a steered one replaces the request's (None: the
+# request's); raises drift.StopChain to end the video before it.
+ChunkStart = Callable[[int], str | None]
 Captioner = Callable[[Image.Image, int], str]  # (frame, seed) -> caption
 
 
@@ -53,8 +56,9 @@ class _ChunkGenerator:
 
     def __init__(self, request: GenerationRequest, first: VideoPipeline, continuation: VideoPipeline | None,
                  on_step: StepCallback | None, load_seconds: float, caption: Captioner | None,
-                 adapters: LoraRegistry | None):
+                 adapters: LoraRegistry | None, on_chunk_start: ChunkStart | None):
         self.request, self.first, self.continuation, self.on_step = request, first, continuation, on_step
+        self.on_chunk_start = on_chunk_start
         self.caption, self.adapters = caption, adapters
         self.timings = {"load": load_seconds}
         self.prompts: dict[int, str] = {}
@@ -66,7 +70,8 @@ class _ChunkGenerator:
         opening = chunk == 0 and not r.continuing
         pipeline = self.first if opening else self.continuation
         image = Image.fromarray(condition) if condition is not None else None
-        prompt = r.prompt_for(chunk)
+        steered = self.on_chunk_start(chunk) if self.on_chunk_start is not None else None
+        prompt = steered if steered is not None else r.prompt_for(chunk)
         if r.caption_chain and not opening and self.caption is not None:
             prompt = f"{prompt} {self.caption(image, seed)}".strip()
         self.prompts[chunk] = prompt
@@ -90,9 +95,9 @@ class _ChunkGenerator:
 def generate_video(request: GenerationRequest, device: str = "auto", dtype: str = "auto",
                    on_step: StepCallback | None = None, on_chunk: ChunkCallback | None = None,
                    caption: Captioner | None = None, load: LoadOptions = LoadOptions(),
-                   adapters: LoraRegistry | None = None) -> VideoResult:
+                   adapters: LoraRegistry | None = None, on_chunk_start: ChunkStart | None = None) -> VideoResult:
     """`caption` (the LLM path) is required when the request asks for `caption_chain`;
-    `adapters`, the registered LoRAs, when it names `loras`."""
+    `adapters`, the registered LoRAs, when it names `loras`; `on_chunk_start` steers a session."""
     if request.caption_chain and caption is None:
         raise RuntimeError("caption_chain needs a chat model to caption frames, and none is configured")
     spec = resolve_local(request.model)  # the API resolved it already, or the CLI's operator named it
@@ -101,7 +106,7 @@ def generate_video(request: GenerationRequest, device: str = "auto", dtype: str 
     chained = request.continuing or len(request.chunk_frames) > 1
     continuation = get_pipeline(resolve_local(spec.continues_with), device, dtype, load) if chained else None
     generator = _ChunkGenerator(request, first, continuation, on_step, time.perf_counter() - start, caption,
-                                adapters)
+                                adapters, on_chunk_start)
 
     condition = anchor = None
     if request.image is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -17,7 +18,7 @@ import pytest
 from PIL import Image
 from polling import eventually
 
-from vidserve.media import read_video
+from vidserve.media import ffmpeg_exe, read_video
 from vidserve.webhooks import verify
 
 # The SDK marks its videos methods deprecated (OpenAI's own service); they still speak the API.
@@ -200,24 +201,42 @@ class _Receiver(BaseHTTPRequestHandler):
         pass
 
 
-def test_webhook_is_signed_and_delivered(http, backend):
+@pytest.fixture
+def webhook_url():
+    """A receiver on loopback for the test's webhooks; what it got is in `_Receiver.received`."""
     receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     _Receiver.received = []
-    try:
-        url = f"http://127.0.0.1:{receiver.server_port}/hook"
-        job = http.post("/v1/videos", json={**SMALL, "prompt": "hooked", "num_frames": 5,
-                                            "num_inference_steps": 1, "webhook_url": url}).json()
-        wait_for(http, job["id"])
-        eventually(lambda: _Receiver.received, what="the webhook to arrive")
-    finally:
-        receiver.shutdown()
+    yield f"http://127.0.0.1:{receiver.server_port}/hook"
+    receiver.shutdown()
+
+
+def test_webhook_is_signed_and_delivered(http, backend, webhook_url):
+    job = http.post("/v1/videos", json={**SMALL, "prompt": "hooked", "num_frames": 5,
+                                        "num_inference_steps": 1, "webhook_url": webhook_url}).json()
+    wait_for(http, job["id"])
+    eventually(lambda: _Receiver.received, what="the webhook to arrive")
     headers, body = _Receiver.received[0]
     secret = backend.webhook_secret()
     assert verify(secret, headers, body)
     event = json.loads(body)
     assert event["type"] == "video.completed" and event["data"]["id"] == job["id"]
     assert headers["webhook-id"] == event["id"]
+
+
+def test_a_webhook_subscribed_to_chunks_hears_each_segment(http, backend, webhook_url):
+    job = http.post("/v1/videos", json={**SMALL, "prompt": "heard", "seconds": 6, "num_inference_steps": 1,
+                                        "webhook_url": webhook_url,
+                                        "webhook_events": ["video.chunk", "video.completed"]})
+    assert job.status_code == 200, job.text
+    video_id = job.json()["id"]
+    wait_for(http, video_id)
+    eventually(lambda: len(_Receiver.received) == 4, what="three chunk events and the end")
+    events = [json.loads(body) for _, body in _Receiver.received]
+    assert [e["type"] for e in events] == ["video.chunk"] * 3 + ["video.completed"]
+    assert [(e["data"]["index"], e["data"]["segment"]) for e in events[:3]] == \
+        [(i, f"/v1/videos/{video_id}/stream/{i}.m4s") for i in range(3)]
+    assert all(verify(backend.webhook_secret(), headers, body) for headers, body in _Receiver.received)
 
 
 def test_metrics_count_jobs(http):
@@ -289,3 +308,27 @@ def test_extend_a_completed_video_and_an_uploaded_one(client, http, tmp_path):
     bad = http.post("/v1/videos/extensions", data={"prompt": "x", "seconds": "1"},
                     files={"video": ("a.mp4", b"not a video", "video/mp4")})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "video"
+
+
+def test_a_video_streams_from_any_api_process_until_deleted(backend, tmp_path):
+    """Made through one API process, streamed (HLS) from another: the segments are in the
+    shared storage (the bucket, on several machines), and deleting the video removes them."""
+    made_on, streamed_from = backend.servers[0].url, backend.servers[-1].url
+    with httpx.Client(base_url=made_on, timeout=30) as first, httpx.Client(base_url=streamed_from, timeout=30) as other:
+        video = first.post("/v1/videos", json={**SMALL, "prompt": "far away", "seconds": 6,
+                                               "num_inference_steps": 2}).json()
+        done = wait_for(other, video["id"])
+        assert done["status"] == "completed" and done["num_frames"] == 97
+        stored = [path.rsplit("/", 2)[-2:] for path in backend.stored_files(video["id"])]
+        assert [["stream", name] for name in ("0.m4s", "1.m4s", "2.m4s", "init.mp4")] == \
+            sorted(p for p in stored if p[0] == "stream")
+        run = subprocess.run([ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", streamed_from + done["stream_url"],
+                              "-f", "rawvideo", "-pix_fmt", "rgb24", "-"], capture_output=True, timeout=120)
+        assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
+        streamed = np.frombuffer(run.stdout, np.uint8).reshape(-1, 64, 64, 3)
+        (tmp_path / "video.mp4").write_bytes(first.get(f"/v1/videos/{video['id']}/content").content)
+        assert np.array_equal(streamed, read_video(tmp_path / "video.mp4")[0])  # the same encoded frames
+        first.delete(f"/v1/videos/{video['id']}")
+        assert other.get(done["stream_url"]).status_code == 404
+        assert other.get(f"/v1/videos/{video['id']}/stream/0.m4s").status_code == 404
+    eventually(lambda: backend.stored_files(video["id"]) == [], timeout=30, what="the stream's files to be gone")

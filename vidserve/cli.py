@@ -269,7 +269,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vidserve.api.app import create_app
 
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    # ws_max_size: a WebSocket message past the largest body is refused (1009) before it is buffered whole.
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+                ws_max_size=settings.max_body_bytes)
     return 0
 
 

@@ -121,6 +121,12 @@ class Settings(BaseSettings):
                                         description="HOST:PORT of a listener of its own serving /metrics without "
                                         "keys (for Prometheus on a private network); on the API's port, /metrics "
                                         "needs an admin key when there are keys.")
+    stream_secret: str | None = Field(None, description="Key that signs stream URLs' tokens; every API process "
+                                      "must share it. Unset: made and kept in data_dir.")
+    stream_url_seconds: int = Field(3600, gt=0, le=7 * 24 * 3600, description="How long a video's stream URL "
+                                    "token works (on a server with keys).")
+    realtime_max_seconds: float = Field(20.0, gt=0, description="Length of a realtime session that names no "
+                                        "seconds, and the most one may ask for.")
     webhook_url: str | None = Field(None, description="Default webhook for jobs that name none.")
     webhook_secret: str | None = Field(None, description="whsec_... signing secret; made and kept in data_dir if unset.")
     webhook_workers: int = Field(4, gt=0, description="Webhook deliveries in flight at once; each receiver still "

@@ -25,6 +25,9 @@ class Metrics:
                                     ["model"], buckets=_SECONDS, registry=self.registry)
         self.run_time = Histogram("vidserve_job_run_seconds", "Time from start to end of a run, by outcome.",
                                   ["model", "status"], buckets=_SECONDS, registry=self.registry)
+        self.first_segment = Histogram("vidserve_time_to_first_segment_seconds", "Time from submission until "
+                                       "the first segment of a video's stream is playable.", ["model"],
+                                       buckets=_SECONDS, registry=self.registry)
         self.step_time = Histogram("vidserve_denoise_step_seconds", "Seconds per denoising step.", ["model"],
                                    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=self.registry)
         self.output_warnings = CounterMetric("vidserve_output_warnings", "Completed videos that look wrong "

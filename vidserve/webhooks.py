@@ -32,7 +32,6 @@ import hmac
 import itertools
 import json
 import logging
-import os
 import random
 import secrets
 import threading
@@ -48,12 +47,13 @@ import httpx
 from vidserve import outbound
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStore, WebhookDelivery
-from vidserve.jobs.video_object import VideoObject
+from vidserve.jobs.video_object import VideoObject, stream_path
+from vidserve.stream_tokens import kept_secret
 
 log = logging.getLogger("vidserve.webhooks")
 
 SECRET_PREFIX = "whsec_"
-EVENT_TYPES = frozenset({"video.completed", "video.failed", "video.cancelled"})
+EVENT_TYPES = frozenset({"video.completed", "video.failed", "video.cancelled", "video.chunk"})
 
 
 def generate_secret() -> str:
@@ -310,17 +310,7 @@ def load_or_create_secret(settings) -> str:
     receivers keep verifying across restarts and all processes sharing it sign alike."""
     if settings.webhook_secret:
         return settings.webhook_secret
-    path = Path(settings.data_dir) / "webhook_secret"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:  # O_EXCL: when two processes start at once, one writes and both read the same secret
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "w") as out:
-            out.write(generate_secret() + "\n")
-        log.info("made a webhook signing secret in %s", path)
-    return path.read_text().strip()
+    return kept_secret(Path(settings.data_dir) / "webhook_secret", "webhook signing secret", generate_secret)
 
 
 def build_sender(settings: Settings, store: JobStore) -> WebhookSender:
@@ -330,7 +320,18 @@ def build_sender(settings: Settings, store: JobStore) -> WebhookSender:
 
 
 def announce(webhooks: WebhookSender | None, settings: Settings, job: Job) -> None:
-    """Send the job's terminal event to its webhook (or the server's), if any."""
+    """Send the job's terminal event to its webhook (or the server's), if any and subscribed."""
     url = job.webhook_url or settings.webhook_url
-    if webhooks is not None and url and job.status.terminal:
-        webhooks.send(url, f"video.{job.status.value}", VideoObject.of(job).model_dump(mode="json"))
+    event = f"video.{job.status.value}"
+    subscribed = job.webhook_events is None or event in job.webhook_events
+    if webhooks is not None and url and job.status.terminal and subscribed:
+        webhooks.send(url, event, VideoObject.of(job).model_dump(mode="json"))
+
+
+def announce_chunk(webhooks: WebhookSender | None, settings: Settings, job: Job, index: int) -> None:
+    """Send `video.chunk` for chunk `index` (now playable) where the job's webhook subscribed to it."""
+    url = job.webhook_url or settings.webhook_url
+    if webhooks is not None and url and "video.chunk" in (job.webhook_events or ()):
+        chunk = next(c for c in VideoObject.of(job).chunks if c.index == index)
+        webhooks.send(url, "video.chunk", {"video_id": job.id, **chunk.model_dump(mode="json"),
+                                           "stream_url": stream_path(job.id)})

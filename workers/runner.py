@@ -28,19 +28,20 @@ import numpy as np
 
 from vidserve import jobs
 from vidserve.config import Settings
-from vidserve.media.drift import DriftMetrics
+from vidserve.media.drift import DriftMetrics, StopChain
+from vidserve.media.hls import INIT_NAME, Segment, Timeline, encode_segment, join_segments
 from vidserve.media.renderer import Provenance, Renderer
 from vidserve.errors import JobCancelled, VidserveError
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore, LeaseLost
 from vidserve.loras import LoraRegistry
-from vidserve.media import encode_mp4, last_frame, load_image, read_video_bytes, save_thumbnail
+from vidserve.media import last_frame, load_image, read_video_bytes, save_thumbnail
 from vidserve.jobs.outages import STORE_UNAVAILABLE, through_outages
 from vidserve.media.quality import output_warnings
 from vidserve.requests import GenerationRequest
 from vidserve.media.spritesheet import save_spritesheet
 from vidserve.storage import Storage, StorageUnavailable
 from vidserve.telemetry import Metrics
-from vidserve.webhooks import WebhookSender, announce
+from vidserve.webhooks import WebhookSender, announce, announce_chunk
 
 from .prompt_writer import PromptWriter
 
@@ -102,6 +103,11 @@ class JobRunner:
         try:
             source = read_video_bytes(self._read(job.source_video_key))[0] if job.source_video_key else None
             request = self.request_for(job, source)
+            timeline = Timeline()  # the video's segments as they are made: its stream, then its MP4
+            if source is not None:  # the stream opens on the video it continues
+                segment = encode_segment(source, request.fps)
+                record, init_key = self._put_segment(job, "source", segment, timeline)
+                self._write(job.id, jobs.segment_done(self.worker_id, record, init_key))
             if request.prompt_extend:
                 request = request.model_copy(update={"prompt": self._extend_prompt(job, request)})
             from vidserve.pipelines.chain import generate_video  # torch stays out of processes that never run jobs
@@ -110,14 +116,15 @@ class JobRunner:
             # A video of one chunk (and no source) is that chunk: it is stored once, as the video.
             one_chunk = source is None and len(request.chunk_frames) == 1
             result = generate_video(request, self.settings.device, self.settings.dtype, on_step=self._on_step(job),
-                                    on_chunk=self._on_chunk(job, request.fps, one_chunk), caption=caption,
-                                    load=self.settings.load, adapters=self.adapters)
+                                    on_chunk=self._on_chunk(job, request.fps, one_chunk, timeline),
+                                    caption=caption, load=self.settings.load, adapters=self.adapters,
+                                    on_chunk_start=self._on_chunk_start(job))
             self._count_loras(job, result.loras)
             # An extension's video is the source followed by the new frames.
             frames = result.frames if source is None else np.concatenate([source, result.frames])
             self._report(job.id, stage="encoding")
             start = time.perf_counter()
-            outputs = self._store_outputs(job, frames, request.fps, video_stored=one_chunk)
+            outputs = self._store_outputs(job, frames, timeline, video_stored=one_chunk)
             timings = {**result.timings, "encode": time.perf_counter() - start}
             renditions, sizes = self._store_renditions(job, request, frames, timings)
             warnings = output_warnings(frames)
@@ -178,17 +185,45 @@ class JobRunner:
         if current.cancel_requested:
             raise JobCancelled()
 
-    def _on_chunk(self, job: Job, fps: int, whole_video: bool):
-        """Each chunk, stored as it finishes; under the video's key when it is the `whole_video`."""
+    def _on_chunk_start(self, job: Job):
+        """Each chunk's steering, read as it begins: a prompt update, or a stop."""
+        def on_chunk_start(index: int) -> str | None:
+            current = self._write(job.id, jobs.chunk_started(self.worker_id, index))
+            if current.cancel_requested:
+                raise JobCancelled()
+            if current.stop_after_chunks is not None and index >= current.stop_after_chunks:
+                raise StopChain()
+            return jobs.steered_prompt(current, index)
+
+        return on_chunk_start
+
+    def _on_chunk(self, job: Job, fps: int, whole_video: bool, timeline: Timeline):
+        """Each chunk, stored as it finishes, as an MP4 of its own (under the video's key when it
+        is the `whole_video`) and as the stream's next segment: one encode for both."""
         def on_chunk(index: int, frames: np.ndarray, drift: DriftMetrics, prompt: str) -> None:
+            segment = encode_segment(frames, fps)
             name = "video.mp4" if whole_video else f"chunk-{index}.mp4"
             with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
-                path = encode_mp4(frames, Path(tmp) / "chunk.mp4", fps=fps)
-                key = self._put(f"{job.id}/{name}", path)
+                key = self._put(f"{job.id}/{name}", join_segments(segment.init, [segment.media], Path(tmp) / name))
+            record, init_key = self._put_segment(job, str(index), segment, timeline)
             chunk = {"index": index, "frames": len(frames), "key": key, "drift": drift.to_dict(), "prompt": prompt}
-            self._write(job.id, jobs.chunk_done(self.worker_id, chunk))
+            current = self._write(job.id, jobs.chunk_done(self.worker_id, chunk, record, init_key))
+            announce_chunk(self.webhooks, self.settings, current, index)
 
         return on_chunk
+
+    def _put_segment(self, job: Job, name: str, segment: Segment, timeline: Timeline) -> tuple[dict, str]:
+        """Store `segment` as the stream's next, `name` (and the init segment with the first):
+        (its record, the init segment's key)."""
+        init_key = f"{job.id}/stream/{INIT_NAME}"
+        if not timeline.media:
+            self._through_outages(lambda: self.storage.put_bytes(init_key, segment.init), f"storing {init_key}")
+        media = timeline.add(segment)
+        key = f"{job.id}/stream/{name}.m4s"
+        self._through_outages(lambda: self.storage.put_bytes(key, media), f"storing {key}")
+        if len(timeline.media) == 1:
+            self.metrics.first_segment.labels(job.model).observe(time.time() - job.created_at)
+        return {"name": f"{name}.m4s", "key": key, "frames": segment.frames, "seconds": segment.seconds}, init_key
 
     def _count_loras(self, job: Job, events) -> None:
         for event in events:
@@ -204,12 +239,13 @@ class JobRunner:
             log.warning("job %s (%s) completed with %s: %s", job.id, job.model, warning.code, warning.message)
             self.metrics.output_warnings.labels(job.model, warning.code).inc()
 
-    def _store_outputs(self, job: Job, frames, fps: int, video_stored: bool) -> dict[str, str]:
-        """The video (unless its one chunk already is it), the thumbnail and the spritesheet."""
+    def _store_outputs(self, job: Job, frames, timeline: Timeline, video_stored: bool) -> dict[str, str]:
+        """The video (its stream's segments joined, unless its one chunk already is it), the
+        thumbnail and the spritesheet."""
         with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
             video = f"{job.id}/video.mp4"
             if not video_stored:
-                self._put(video, encode_mp4(frames, Path(tmp) / "video.mp4", fps=fps))
+                self._put(video, timeline.join(Path(tmp) / "video.mp4"))
             thumb = save_thumbnail(frames, Path(tmp) / "thumbnail.webp")
             sprites = save_spritesheet(frames, Path(tmp) / "spritesheet.jpg")
             return {"video": video, "thumbnail": self._put(f"{job.id}/thumbnail.webp", thumb),
@@ -285,6 +321,7 @@ class JobRunner:
 
         threading.Thread(target=beat, name=f"lease-{job_id}", daemon=True).start()
         return stop
+
 
 def _failure_code(exc: Exception) -> str:
     if isinstance(exc, VidserveError):

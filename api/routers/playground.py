@@ -1,7 +1,8 @@
 """The playground: a small page at `/` that drives the public API from a browser (video
-jobs, the gallery, chat). Plain files from `api/static/`, no build step. No auth for the
-page itself, which holds no data: it sends the user's key on its own `/v1` calls, and on
-`/playground/models`, which tells its model list which models would take a job now."""
+jobs and their streams, live sessions, the gallery, chat). Plain files from `api/static/`, no
+build step. No auth for the page itself, which holds no data: it sends the user's key on its own
+`/v1` calls, and on `/playground/models`, which tells its model list which models would take a
+job now."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from ..services import Services, services
 STATIC = Path(__file__).resolve().parent.parent / "static"
 
 # The page loads nothing from elsewhere, and says so: scripts, styles and calls stay on this
-# origin; media and images may also be blob: URLs (fetched with the key) or data: (previews).
-# form-action 'none': the forms are handled by script, so a form can never send a key anywhere.
+# origin; media and images may also be blob: URLs (fetched with the key, or Media Source
+# Extensions playing a stream) or data: (previews). form-action 'none': the forms are handled by
+# script, so a form can never send a key anywhere.
 CSP = ("default-src 'self'; img-src 'self' blob: data:; media-src 'self' blob:; connect-src 'self'{storage}; "
        "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
@@ -28,8 +30,9 @@ HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"
 
 
 def content_security_policy(svc: Services) -> str:
-    """The page's policy. Where content downloads redirect to the storage's presigned URLs, the
-    page's media fetches follow them there: that origin, and only it, is added to connect-src."""
+    """The page's policy ('self' covers the live sessions' WebSocket too, as CSP 3 has it). Where
+    content downloads redirect to the storage's presigned URLs, the page's media fetches follow
+    them there: that origin, and only it, is added to connect-src."""
     origin = svc.storage.url_origin() if svc.settings.content_redirect else None
     return CSP.format(storage=f" {origin}" if origin else "")
 

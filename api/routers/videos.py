@@ -16,7 +16,7 @@ from vidserve.errors import echo
 from vidserve.jobs import Job, JobNotFound, JobStatus
 from vidserve.keys import Caller
 from vidserve.media.renditions import NAME_PATTERN
-from vidserve.jobs.video_object import VideoObject
+from vidserve.jobs.video_object import VideoObject, segment_path
 from vidserve.webhooks import announce
 
 from ..auth import authenticate, capped_stream
@@ -47,7 +47,7 @@ async def create_video(request: Request, svc: Services = Depends(services), call
     job = await run_in_threadpool(submit_video, svc, caller, body, files.get("input_reference"),
                                   idempotency_key=idempotency_key,
                                   request_hash=request_hash(fields, files) if idempotency_key else None)
-    return VideoObject.of(job)
+    return svc.video(job)
 
 
 @router.post("/extensions", response_model=VideoObject)
@@ -56,7 +56,7 @@ async def extend_video(request: Request, svc: Services = Depends(services), call
     fields, files = await read_body(request, svc.settings.max_upload_bytes, ("video",))
     body = validate(VideoExtend, fields)
     job = await run_in_threadpool(submit_extension, svc, caller, body, files.get("video"))
-    return VideoObject.of(job)
+    return svc.video(job)
 
 
 @router.get("", response_model=VideoList)
@@ -67,7 +67,7 @@ async def list_videos(svc: Services = Depends(services), caller: Caller = Depend
         page, has_more = await run_in_threadpool(svc.store.list, after, limit, order, caller.scope)
     except JobNotFound:
         raise APIError(400, f"after: no video with id {echo(after)}", param="after") from None
-    return VideoList.of([VideoObject.of(job) for job in page], has_more)
+    return VideoList.of([svc.video(job) for job in page], has_more)
 
 
 def _get(svc: Services, caller: Caller, video_id: str) -> Job:
@@ -80,7 +80,7 @@ def _get(svc: Services, caller: Caller, video_id: str) -> Job:
 
 @router.get("/{video_id}", response_model=VideoObject)
 async def retrieve_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
-    return VideoObject.of(await run_in_threadpool(_get, svc, caller, video_id))
+    return svc.video(await run_in_threadpool(_get, svc, caller, video_id))
 
 
 @router.post("/{video_id}/cancel", response_model=VideoObject)
@@ -94,7 +94,7 @@ async def cancel_video(video_id: str, svc: Services = Depends(services), caller:
         raise not_found(video_id) from None
     if job.status is JobStatus.cancelled:  # it was still queued; a running job is announced by its worker
         announce(svc.webhooks, svc.settings, job)
-    return VideoObject.of(job)
+    return svc.video(job)
 
 
 @router.delete("/{video_id}", response_model=VideoDeleted)
@@ -170,7 +170,7 @@ async def remix_video(video_id: str, request: Request, svc: Services = Depends(s
     remix = validate(VideoRemix, fields)
     source = await run_in_threadpool(_get, svc, caller, video_id)
     job = await run_in_threadpool(submit_remix, svc, caller, source, remix.prompt, remix.outputs)
-    return VideoObject.of(job)
+    return svc.video(job)
 
 
 @router.get("/{video_id}/events")
@@ -192,14 +192,16 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
             for chunk in sorted(job.chunks, key=lambda c: c["index"]):
                 if chunk["index"] not in announced:
                     announced.add(chunk["index"])
+                    segment = next((s["name"] for s in job.segments if s["name"] == f"{chunk['index']}.m4s"), None)
                     yield _event("chunk.completed", {"video_id": video_id, "index": chunk["index"],
                                                      "frames": chunk["frames"], "drift": chunk["drift"],
                                                      "url": f"/v1/videos/{video_id}/content?variant=chunk"
-                                                            f"&index={chunk['index']}"})
+                                                            f"&index={chunk['index']}",
+                                                     "segment": segment_path(video_id, segment)})
             now = (job.status, job.progress, job.stage)
             if now != last:
                 kind = "video.progress" if last is not None and job.status == last[0] else f"video.{job.status.value}"
-                yield _event(kind, VideoObject.of(job).model_dump(mode="json"))
+                yield _event(kind, svc.video(job).model_dump(mode="json"))
                 last, idle = now, 0.0
             if job.status.terminal or await request.is_disconnected():
                 return

@@ -1,8 +1,9 @@
-// The playground's entry point: the API key, then models, the job form, the gallery and chat.
+// The playground's entry point: the API key, then models, the job form, live sessions, the gallery and chat.
 import * as api from "./api.js";
 import * as chat from "./chat.js";
 import * as gallery from "./gallery.js";
 import * as jobs from "./job.js";
+import * as realtime from "./realtime.js";
 import { $ } from "./ui.js";
 
 const keyBox = $("key-box");
@@ -56,6 +57,7 @@ function start() {
 
 jobs.setup({ statusChanged: () => gallery.refreshIfFirst() });
 gallery.setup({ show: jobs.show, cancel: jobs.cancel });
+realtime.setup({ statusChanged: () => gallery.refreshIfFirst() });
 chat.setup();
 if (api.getKey()) keyStatus.textContent = "Using the saved key.";
 $("remember").checked = api.keyRemembered();

@@ -1,13 +1,15 @@
 // The video form and the live job: submit, follow the event stream (progress, chunks as they
-// finish, the terminal status), play the result, cancel.
+// finish, the terminal status), play the video as it is made, then the result, cancel.
 import * as api from "./api.js";
+import { StreamPlayer, followPlaylist } from "./stream.js";
 import { $, TERMINAL, drift, el, fitPixels, isEnabled, setEnabled, statusText, timings } from "./ui.js";
 
 const form = $("job-form");
 const error = $("job-error");
 const KINDS = { t2v: "text-to-video", i2v: "image-to-video", ti2v: "text/image-to-video" };
 const models = new Map();
-let live = null; // the job shown in the live panel: {id, controller, urls, chunks, status, cancelling}
+// The job shown in the live panel: {id, controller, urls, chunks, status, cancelling, stream}
+let live = null;
 let busy = false;
 let statusChanged = () => {};
 
@@ -71,30 +73,46 @@ function describeModel() {
     : "The server's default model, at its native size.";
 }
 
+// The form's fields as the API names them, for POST /v1/videos and a live session alike. Empty
+// fields are left out so the server's defaults apply; numbers stay the text typed (the API reads
+// "7" as 7, and a long seed keeps every digit). The prompt always goes: an empty one is the API's
+// to reject. The first-frame image is apart: `image`, a File or undefined.
+export function formFields() {
+  const fields = { prompt: form.elements.prompt.value };
+  for (const name of ["model", "size", "seconds", "seed", "num_inference_steps"]) {
+    const value = form.elements[name].value.trim();
+    if (value) fields[name] = value;
+  }
+  const mode = form.elements.attention.value;
+  const density = form.elements.density.value;
+  if (mode) fields.attention = { mode, ...(mode === "sparse" && density ? { density: Number(density) } : {}) };
+  const lora = form.elements.lora.value;
+  if (lora) {
+    const scale = form.elements.lora_scale.value;
+    fields.loras = [{ name: lora, ...(scale ? { scale: Number(scale) } : {}) }];
+  }
+  return { fields, image: form.elements.input_reference.files[0] };
+}
+
+// Marks the field an API error names, so the fix is one keystroke away.
+export function pointAt(err) {
+  const field = err.param && form.elements[err.param.split(".")[0]];
+  if (field instanceof HTMLElement) {
+    field.setAttribute("aria-invalid", "true");
+    field.focus();
+  }
+}
+
 async function submit() {
   if (busy) return;
   api.showError(error, null);
   for (const field of form.querySelectorAll("[aria-invalid]")) field.removeAttribute("aria-invalid");
-  // Always multipart (the image may ride along); every field is text there, and empty fields are
-  // left out so the server's defaults apply. The prompt always goes: an empty one is the API's to reject.
+  // Always multipart (the image may ride along): every field is text there, nested ones JSON text.
+  const { fields, image } = formFields();
   const body = new FormData();
-  body.set("prompt", form.elements.prompt.value);
-  for (const name of ["model", "size", "seconds", "seed", "num_inference_steps"]) {
-    const value = form.elements[name].value.trim();
-    if (value) body.set(name, value);
+  for (const [name, value] of Object.entries(fields)) {
+    body.set(name, typeof value === "string" ? value : JSON.stringify(value));
   }
-  const mode = form.elements.attention.value;
-  if (mode) {
-    const attention = { mode };
-    if (mode === "sparse" && form.elements.density.value) attention.density = Number(form.elements.density.value);
-    body.set("attention", JSON.stringify(attention)); // multipart carries nested fields as JSON text
-  }
-  const lora = form.elements.lora.value;
-  if (lora) {
-    const scale = form.elements.lora_scale.value;
-    body.set("loras", JSON.stringify([{ name: lora, ...(scale ? { scale: Number(scale) } : {}) }]));
-  }
-  const image = form.elements.input_reference.files[0];
   if (image) body.set("input_reference", image);
 
   busy = true;
@@ -104,12 +122,7 @@ async function submit() {
     follow(video);
   } catch (err) {
     api.showError(error, err);
-    // Point at the field the API named, so the fix is one keystroke away.
-    const field = err.param && form.elements[err.param.split(".")[0]];
-    if (field instanceof HTMLElement) {
-      field.setAttribute("aria-invalid", "true");
-      field.focus();
-    }
+    pointAt(err);
   } finally {
     busy = false;
     form.removeAttribute("aria-busy");
@@ -137,20 +150,37 @@ export async function cancel(id) {
 function follow(video) {
   if (live) {
     live.controller.abort();
+    live.stream?.close();
     for (const url of live.urls) URL.revokeObjectURL(url);
   }
-  live = { id: video.id, controller: new AbortController(), urls: [], chunks: new Set(), status: null };
+  live = { id: video.id, controller: new AbortController(), urls: [], chunks: new Set(), status: null, stream: null };
   $("live").hidden = false;
   $("live-id").textContent = video.id;
   $("live-chunks").replaceChildren();
+  emptyPlayer();
+  $("live-download").hidden = true;
+  api.showError($("live-error"), null);
+  render(video);
+  if (!TERMINAL.has(video.status)) stream(live, video);
+  watch(live, video);
+}
+
+function emptyPlayer() {
   const player = $("live-video");
   player.hidden = true;
   player.removeAttribute("src");
   player.load();
-  $("live-download").hidden = true;
-  api.showError($("live-error"), null);
-  render(video);
-  watch(live, video);
+}
+
+// Plays the job's HLS stream while it runs; the player shows once the first chunk is in it.
+function stream(job, video) {
+  const player = $("live-video");
+  job.stream = new StreamPlayer(player);
+  player.setAttribute("aria-label", `Video ${job.id}, as it is made`);
+  player.addEventListener("loadedmetadata", () => { player.hidden = false; }, { once: true });
+  followPlaylist(job.stream, video.stream_url, job.controller.signal).catch((err) => {
+    if (err.name !== "AbortError" && !job.stream.closed) api.showError($("live-error"), err);
+  });
 }
 
 async function watch(job, video) {
@@ -208,6 +238,12 @@ function render(video) {
     live.status = video.status;
     $("live-status").textContent = statusText(video, false);
     showWarnings(video.warnings ?? []); // they come with the completed status, so change only with it
+    // The stream makes way for the downloadable video (watch) at once: a completed job's player
+    // only ever plays what its download link holds.
+    if (video.status === "completed" && live.stream) {
+      live.stream.close();
+      emptyPlayer();
+    }
     statusChanged(video);
   }
   setEnabled($("cancel"), !TERMINAL.has(video.status) && !live.cancelling);

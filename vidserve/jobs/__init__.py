@@ -61,6 +61,14 @@ class Job(BaseModel):
     output_bytes: dict[str, int] = Field(default_factory=dict)  # rendition -> its file's size
     # Chunks of a long video as they finish: {"index", "frames", "key", "drift"}; downloadable at once.
     chunks: list[dict[str, Any]] = Field(default_factory=list)
+    # Its HLS stream as it grows (media/hls.py): {"name", "key", "frames", "seconds"} per segment, in play
+    # order (an extension's source first, then one per chunk), all behind the init segment at `stream_init_key`.
+    segments: list[dict[str, Any]] = Field(default_factory=list)
+    stream_init_key: str | None = None
+    # Realtime steering: {"from_chunk", "prompt"} in the order sent; a chunk runs the last one that applies.
+    prompt_updates: list[dict[str, Any]] = Field(default_factory=list)
+    chunks_started: int = 0  # chunks a running job has begun: an update applies from the next one
+    stop_after_chunks: int | None = None  # end the video (completed) once this many chunks are done
     source_video_key: str | None = None  # the MP4 an extension continues (copied or uploaded)
     extends_video_id: str | None = None
     error: JobError | None = None
@@ -76,6 +84,7 @@ class Job(BaseModel):
     idempotency_key: str | None = None
     request_hash: str | None = None  # of the request body, to tell a retry from a reuse of the key
     webhook_url: str | None = None
+    webhook_events: list[str] | None = None  # the events its webhook receives (None: the terminal ones)
     metadata: dict[str, str] | None = None
     remixed_from_video_id: str | None = None
     owner: str | None = None  # the name of the API key that made it (None: a server without keys)
@@ -128,7 +137,7 @@ def start(worker_id: str, lease_seconds: float) -> Callable[[Job], None]:
         job.status, job.worker_id, job.attempts = JobStatus.in_progress, worker_id, job.attempts + 1
         job.started_at, job.lease_expires_at, job.progress, job.error = now, now + lease_seconds, 0, None
         job.stage = "generating"
-        job.chunks = []  # a rerun starts the video over
+        job.chunks, job.segments, job.chunks_started = [], [], 0  # a rerun starts the video over
 
     return apply
 
@@ -146,12 +155,59 @@ def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None,
     return apply
 
 
-def chunk_done(worker_id: str, chunk: dict[str, Any]) -> Callable[[Job], None]:
+def chunk_done(worker_id: str, chunk: dict[str, Any], segment: dict[str, Any] | None = None,
+               init_key: str | None = None) -> Callable[[Job], None]:
+    """Chunk `chunk["index"]` is stored; with `segment`, so is its stream segment (behind `init_key`)."""
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.chunks = [c for c in job.chunks if c["index"] != chunk["index"]] + [dict(chunk)]
+        if segment is not None:
+            segment_done(worker_id, segment, init_key)(job)
 
     return apply
+
+
+def segment_done(worker_id: str, segment: dict[str, Any], init_key: str | None) -> Callable[[Job], None]:
+    def apply(job: Job) -> None:
+        _held_by(job, worker_id)
+        job.segments = [s for s in job.segments if s["name"] != segment["name"]] + [dict(segment)]
+        job.stream_init_key = init_key
+
+    return apply
+
+
+def chunk_started(worker_id: str, index: int) -> Callable[[Job], None]:
+    """The worker begins chunk `index`: from now on a prompt update applies from the next one."""
+    def apply(job: Job) -> None:
+        _held_by(job, worker_id)
+        job.chunks_started = max(job.chunks_started, index + 1)
+
+    return apply
+
+
+def update_prompt(prompt: str) -> Callable[[Job], None]:
+    """Steer a job: its chunks not yet begun are made from `prompt` (`prompt_updates[-1]["from_chunk"]`
+    says from which)."""
+    def apply(job: Job) -> None:
+        if job.status.terminal or job.stop_after_chunks is not None:
+            raise InvalidTransition(f"job {job.id} is {'stopping' if not job.status.terminal else job.status.value}; "
+                                    "its prompt can no longer change")
+        job.prompt_updates = [*job.prompt_updates, {"from_chunk": job.chunks_started, "prompt": prompt}]
+
+    return apply
+
+
+def request_stop(job: Job) -> None:
+    """End the video once the chunk under way is done (at least one chunk): it completes with what was made."""
+    if job.status.terminal or job.stop_after_chunks is not None:
+        return
+    job.stop_after_chunks = max(job.chunks_started, 1)
+
+
+def steered_prompt(job: Job, index: int) -> str | None:
+    """The prompt the latest update sets for chunk `index`; None where no update reaches it."""
+    applying = [u["prompt"] for u in job.prompt_updates if u["from_chunk"] <= index]
+    return applying[-1] if applying else None
 
 
 def prompt_extended(worker_id: str, extended: str) -> Callable[[Job], None]:

@@ -20,6 +20,7 @@ class VideoChunk(BaseModel):
     frames: int
     drift: dict[str, Any] = Field(description="Drift metrics against the chunk it continues (drift.py).")
     prompt: str | None = None
+    segment: str | None = Field(None, description="Its segment of the video's HLS stream (a path on this API).")
 
 
 class VideoObject(BaseModel):
@@ -58,6 +59,8 @@ class VideoObject(BaseModel):
     drift_correction: str
     extends_video_id: str | None
     chunks: list[VideoChunk]
+    stream_url: str = Field(description="The video's HLS playlist, playable while the video is made "
+                                                     "(on a server with keys, with a short-lived token for players).")
     has_input_reference: bool
     outputs: list[dict[str, Any]] = Field(description="Renditions beside video, thumbnail and spritesheet: "
                                                       "content?variant=NAME once completed.")
@@ -67,14 +70,19 @@ class VideoObject(BaseModel):
     metadata: dict[str, str] | None
 
     @classmethod
-    def of(cls, job: Job) -> "VideoObject":
+    def of(cls, job: Job, stream_token: str | None = None) -> "VideoObject":
+        """`stream_token`: what the stream URL carries, on a server with keys."""
         p = job.params
-        frames = p.source_frames + p.num_frames
+        frames, seconds = p.source_frames + p.num_frames, p.seconds
+        if job.status is JobStatus.completed and job.stop_after_chunks is not None:  # a session stopped early
+            frames = p.source_frames + sum(c["frames"] for c in job.chunks)
+            seconds = f"{frames / p.fps:g}"
+        segments = {s["name"].removesuffix(".m4s"): s["name"] for s in job.segments}
         return cls(
             id=job.id, model=job.model, status=job.status.value, progress=job.progress,
             stage=job.stage if job.status is JobStatus.in_progress else None,
             created_at=int(job.created_at), completed_at=_unix(job.completed_at), expires_at=_unix(job.expires_at),
-            prompt=job.prompt, seconds=p.seconds, size=f"{p.width}x{p.height}",
+            prompt=job.prompt, seconds=seconds, size=f"{p.width}x{p.height}",
             remixed_from_video_id=job.remixed_from_video_id, error=job.error, warnings=job.warnings,
             negative_prompt=p.negative_prompt or None, num_frames=frames, fps=p.fps, num_inference_steps=p.steps,
             guidance_scale=p.guidance, seed=p.seed,
@@ -82,12 +90,21 @@ class VideoObject(BaseModel):
             cache=p.cache.model_dump(), loras=list(p.loras), preset=p.preset, prompts=list(p.prompts) or None,
             prompt_extend=p.prompt_extend, extended_prompt=job.extended_prompt, caption_chain=p.caption_chain,
             drift_correction=p.drift_correction, extends_video_id=job.extends_video_id,
-            chunks=[VideoChunk(index=c["index"], frames=c["frames"], drift=c["drift"], prompt=c.get("prompt"))
-                    for c in job.chunks],
+            chunks=[VideoChunk(index=c["index"], frames=c["frames"], drift=c["drift"], prompt=c.get("prompt"),
+                               segment=segment_path(job.id, segments.get(str(c["index"])))) for c in job.chunks],
+            stream_url=stream_path(job.id) + (f"?token={stream_token}" if stream_token else ""),
             has_input_reference=job.input_image_key is not None,
             outputs=[r.describe(frames, p.fps, job.output_bytes.get(r.name)) for r in p.outputs],
             started_at=_unix(job.started_at), attempts=job.attempts, timings=job.timings or None,
             metadata=job.metadata)
+
+
+def stream_path(video_id: str) -> str:
+    return f"/v1/videos/{video_id}/stream.m3u8"
+
+
+def segment_path(video_id: str, name: str | None) -> str | None:
+    return f"/v1/videos/{video_id}/stream/{name}" if name else None
 
 
 def _unix(seconds: float | None) -> int | None:

@@ -49,8 +49,10 @@ def check_frames(frames: np.ndarray) -> None:
         raise ValueError("frames must contain at least one frame")
 
 
-def encode_mp4(frames: np.ndarray, path: str | Path, fps: int, crf: int = 18) -> Path:
-    """Encode RGB frames as an H.264/yuv420p MP4 that browsers can stream, atomically."""
+def encode_mp4(frames: np.ndarray, path: str | Path, fps: int, crf: int = 18, fragmented: bool = False) -> Path:
+    """Encode RGB frames as an H.264/yuv420p MP4 that browsers can stream, atomically; with
+    `fragmented`, as a CMAF file (an empty index, then the frames in fragments) that HLS cuts
+    into its init and media segments (`media/hls.py`)."""
     check_frames(frames)
     _, h, w, _ = frames.shape
     if h % 2 or w % 2:
@@ -60,19 +62,25 @@ def encode_mp4(frames: np.ndarray, path: str | Path, fps: int, crf: int = 18) ->
     # Encode next to the target and rename, so a reader never sees a half-written file.
     # (Not mkstemp: its 0600 mode would survive the rename and hide the video from a web server.)
     tmp = str(path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp"))
+    # faststart: moov before mdat, so playback can start before the download ends. A fragmented
+    # file has no B-frames: x264's reordering delay varies from one encode to the next, and would
+    # leave gaps or overlaps where one chunk's segment meets the next.
+    movflags, reorder = ("+frag_keyframe+empty_moov+default_base_moof+cmaf", {"bf": 0}) if fragmented \
+        else ("+faststart", {})
     stream = ffmpeg.input("pipe:", format="rawvideo", pix_fmt="rgb24", s=f"{w}x{h}", framerate=fps).output(
         tmp,
         format="mp4",  # the temp name has no .mp4 suffix to infer it from
         vcodec="libx264",
         pix_fmt="yuv420p",
         crf=crf,
-        movflags="+faststart",  # moov before mdat: playback can start before the download ends
+        movflags=movflags,
         # libx264 is deterministic already; these make the bytes depend only on the frames:
         # bitexact drops the muxer's "Lavf<version>" tag, -map_metadata -1 any inherited tags,
         # and a fixed thread count stops x264's options SEI ("threads=N") following the CPU count.
         fflags="+bitexact",
         map_metadata=-1,
         threads=8,
+        **reorder,
     )
     try:
         stream.run(cmd=ffmpeg_exe(), input=frames.tobytes(), quiet=True, overwrite_output=True)

@@ -132,6 +132,10 @@ class VideoGenerator(Protocol):
 CORRECTIONS = ("color", "none")
 
 
+class StopChain(Exception):
+    """Raised by a generator to end the video before the chunk it was asked for."""
+
+
 def chain(generator: VideoGenerator, plan: list[int], correction: str = "color", seed: int = 0, *,
           condition: np.ndarray | None = None, anchor: Anchor | None = None, continuing: bool = False,
           on_chunk: Callable[[int, np.ndarray, DriftMetrics], None] | None = None,
@@ -146,7 +150,8 @@ def chain(generator: VideoGenerator, plan: list[int], correction: str = "color",
     against chunk 1 when there is none. With correction="color" the conditioning frame is
     matched to the anchor before it conditions (so the model starts from the right colours)
     and so is each new chunk (to remove the drift the model added on top). `on_chunk` sees
-    each chunk as soon as it is done, so it can be stored and streamed.
+    each chunk as soon as it is done, so it can be stored and streamed. A generator that raises
+    `StopChain` for a chunk after the first ends the video with the chunks made.
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
@@ -156,7 +161,12 @@ def chain(generator: VideoGenerator, plan: list[int], correction: str = "color",
     for index, num_frames in enumerate(plan):
         if condition is not None and anchor is not None and correction == "color":
             condition = match_colors(condition[None], anchor)[0]
-        frames = generator.generate(condition, num_frames, seed + index, index)
+        try:
+            frames = generator.generate(condition, num_frames, seed + index, index)
+        except StopChain:
+            if not videos:
+                raise
+            break
         if index > 0 or continuing:
             frames = frames[1:]
         if anchor is None:

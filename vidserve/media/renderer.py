@@ -1,7 +1,7 @@
 """Writing renditions: a video's frames converted to a rendition's frame rate, scaled to its
 size and encoded by ffmpeg as its format and codec, tagged with where they came from.
 
-The default MP4 (the `video` variant) is `media.encode_mp4`'s, untouched by any of this.
+The default MP4 (the `video` variant) is the stream's segments joined (`media/hls.py`), untouched by any of this.
 """
 
 from __future__ import annotations

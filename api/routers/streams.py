@@ -1,0 +1,87 @@
+"""HLS of every video job: `GET /v1/videos/{id}/stream.m3u8`, the media playlist that grows
+as chunks finish, and `GET /v1/videos/{id}/stream/{name}`, its init and media segments,
+read from Storage (so any API process serves any job's stream).
+
+Players cannot send an Authorization header: on a server with keys, a `token` query
+parameter (the video object's `stream_url` carries one) stands in for it, and the playlist
+hands a fresh one to its segment URIs. An Authorization header works too, as everywhere.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+
+from vidserve.jobs import Job
+from vidserve.media.hls import INIT_NAME, media_playlist, target_seconds
+
+from ..auth import authenticate
+from ..content import stored_file_response
+from ..errors import APIError, not_found, video_expired
+from ..services import Services, services
+
+router = APIRouter(prefix="/v1/videos", tags=["videos"])
+
+PLAYLIST_TYPE = "application/vnd.apple.mpegurl"
+SEGMENT_TYPES = {".mp4": "video/mp4", ".m4s": "video/iso.segment"}
+TOKEN = Query(None, max_length=200, description="The token of the video's `stream_url`, for players that cannot "
+                                                "send an Authorization header (servers with keys).")
+
+
+def _streamed(svc: Services, request: Request, video_id: str, token: str | None) -> Job:
+    """The video, if the token (or else the Authorization header) lets the caller see it."""
+    if token is not None and svc.keyring.enabled:
+        if not svc.stream_tokens.check(video_id, token):
+            raise APIError(403, f"the stream token of video {video_id} is invalid or has expired; take a fresh "
+                                "stream_url from GET /v1/videos/{id}", param="token", code="invalid_stream_token")
+        job = svc.store.get(video_id)
+        if job is None:
+            raise not_found(video_id)
+    else:
+        caller = authenticate(request)
+        job = svc.store.get(video_id)
+        if job is None or not caller.sees(job.owner):
+            raise not_found(video_id)
+    if job.is_expired():
+        raise video_expired(job)
+    return job
+
+
+@router.get("/{video_id}/stream.m3u8", response_class=Response)
+async def stream_playlist(request: Request, video_id: str, token: str | None = TOKEN,
+                          svc: Services = Depends(services)):
+    job = await run_in_threadpool(_streamed, svc, request, video_id, token)
+    query = f"?token={svc.stream_tokens.sign(video_id)}" if token is not None and svc.keyring.enabled else ""
+    p = job.params
+    longest = max([*p.chunk_frames, *(s["frames"] for s in job.segments)]) / p.fps
+    playlist = media_playlist(f"stream/{INIT_NAME}{query}",
+                              [(f"stream/{s['name']}{query}", s["seconds"]) for s in job.segments],
+                              target_seconds(longest), ended=job.status.terminal)
+    # A player reloads a growing playlist: no cache may hold it; an ended one no longer changes.
+    cache = "no-cache" if not job.status.terminal else "max-age=60"
+    return Response(playlist, media_type=PLAYLIST_TYPE, headers={"cache-control": cache})
+
+
+@router.get("/{video_id}/stream/{name}")
+async def stream_segment(request: Request, video_id: str,
+                         name: str = Path(pattern=r"^(init\.mp4|(source|[0-9]{1,6})\.m4s)$"),
+                         token: str | None = TOKEN, svc: Services = Depends(services)):
+    job = await run_in_threadpool(_streamed, svc, request, video_id, token)
+    if name == INIT_NAME:
+        key = job.stream_init_key
+    else:
+        key = next((s["key"] for s in job.segments if s["name"] == name), None)
+    if key is None:
+        made = [s["name"] for s in job.segments]
+        raise APIError(404 if job.status.terminal else 409,
+                       f"segment {name} of video {video_id} is not made; made: {made}", param="name",
+                       code="segment_not_ready")
+    redirect_seconds = svc.settings.content_url_seconds if svc.settings.content_redirect else None
+    suffix = name[name.rindex("."):]
+    try:
+        return await run_in_threadpool(stored_file_response, svc.storage, key, SEGMENT_TYPES[suffix],
+                                       f"{video_id}-{name}", request.headers.get("range"), redirect_seconds)
+    except FileNotFoundError:
+        raise APIError(404, f"segment {name} of video {video_id} is gone from storage", code="content_missing") \
+            from None

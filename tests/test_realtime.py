@@ -1,0 +1,242 @@
+"""Realtime sessions, `WS /v1/realtime/video`, through the `websockets` client against a real
+server process on loopback: steering a running video, stopping it, closing the socket, and
+every bad message answered with an error while the session goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+from apps import app_client, idle_services
+from polling import eventually
+from servers import Server
+from starlette.websockets import WebSocketDisconnect
+
+from vidserve.media import ffmpeg_exe
+
+TINY = {"model": "wan-tiny", "size": "64x64"}
+# Four chunks of 33, 32, 32, 32 frames at 16 fps; enough steps that a chunk is not over before
+# the client's message about the one before it arrives.
+LONG = {**TINY, "seconds": 8, "num_inference_steps": 24}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    data = tmp_path_factory.mktemp("realtime") / "data"
+    server = Server(data, env={"VIDSERVE_REALTIME_MAX_SECONDS": "8", "VIDSERVE_CHAT_MODEL": ""}).start()
+    yield server
+    server.stop()
+
+
+def ws_url(server) -> str:
+    return server.url.replace("http://", "ws://") + "/v1/realtime/video"
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, timeout=300))
+
+
+async def receive_json(ws) -> dict:
+    message = await ws.recv()
+    assert isinstance(message, str), "expected a text message, got a binary one"
+    return json.loads(message)
+
+
+async def until(ws, kind: str, binary: list[bytes] | None = None, seen: list[dict] | None = None) -> dict:
+    """Read messages until one of type `kind`; binary ones are kept in `binary`, text ones in `seen`."""
+    while True:
+        message = await ws.recv()
+        if isinstance(message, bytes):
+            assert binary is not None, "a binary message where none was expected"
+            binary.append(message)
+            continue
+        message = json.loads(message)
+        assert message["type"] != "error", message
+        if seen is not None:
+            seen.append(message)
+        if message["type"] == kind:
+            return message
+
+
+def decoded_frames(data: bytes, tmp_path) -> int:
+    path = tmp_path / "session.mp4"
+    path.write_bytes(data)
+    run_ = subprocess.run([ffmpeg_exe(), "-hide_banner", "-i", str(path), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+                          capture_output=True, check=True)
+    return len(run_.stdout) // (64 * 64 * 3)
+
+
+def test_a_prompt_update_steers_the_chunks_not_yet_begun(server, tmp_path):
+    async def session():
+        async with websockets.connect(ws_url(server)) as ws:
+            await ws.send(json.dumps({"type": "session.create", **LONG, "prompt": "a red square"}))
+            created = await receive_json(ws)
+            assert created["type"] == "video.created" and created["video"]["status"] == "queued"
+            binary, seen = [], []
+            first = await until(ws, "chunk.done", binary, seen)
+            assert first["index"] == 0 and first["frames"] == 33
+            await ws.send(json.dumps({"type": "prompt.update", "prompt": "a blue circle"}))
+            updated = await until(ws, "prompt.updated", binary, seen)
+            done = await until(ws, "video.completed", binary, seen)
+            return created, updated, done, binary, seen
+
+    created, updated, done, binary, seen = run(session())
+    video = done["video"]
+    assert video["id"] == created["video"]["id"] and video["num_frames"] == 129
+    # Chunk 1 was under way when the update came: it applies from chunk 2 on.
+    start = updated["from_chunk"]
+    assert 1 <= start < 4, updated
+    assert [c["prompt"] for c in video["chunks"]] == ["a red square"] * start + ["a blue circle"] * (4 - start)
+    assert [m["index"] for m in seen if m["type"] == "chunk.done"] == [0, 1, 2, 3]
+    # The init segment, then one fragment per chunk; together, the whole video.
+    assert len(binary) == 5
+    assert decoded_frames(b"".join(binary), tmp_path) == 129
+    # An ordinary job: retrievable and downloadable afterwards.
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get(f"/v1/videos/{video['id']}").json()["chunks"] == video["chunks"]
+        assert http.get(f"/v1/videos/{video['id']}/content").status_code == 200
+
+
+def test_stop_ends_the_video_after_the_chunk_under_way(server, tmp_path):
+    async def session():
+        async with websockets.connect(ws_url(server)) as ws:
+            # No seconds: an open-ended session, as long as VIDSERVE_REALTIME_MAX_SECONDS.
+            await ws.send(json.dumps({"type": "session.create", **TINY, "prompt": "on and on",
+                                      "num_inference_steps": 24}))
+            created = await receive_json(ws)
+            binary = []
+            await until(ws, "chunk.done", binary)
+            await ws.send(json.dumps({"type": "session.stop"}))
+            stopping = await until(ws, "session.stopping", binary)
+            await ws.send(json.dumps({"type": "prompt.update", "prompt": "too late"}))
+            refused = await until_error(ws, binary)
+            done = await until(ws, "video.completed", binary)
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await ws.recv()  # the server closes once the video has ended
+            return created, stopping, refused, done, binary
+
+    created, stopping, refused, done, binary = run(session())
+    assert created["video"]["num_frames"] == 129 and created["video"]["seconds"] == "8"
+    assert refused["code"] == "session_stopped"
+    video = done["video"]
+    made = stopping["after_chunks"]
+    assert 1 <= made < 4 and len(video["chunks"]) == made
+    assert video["num_frames"] == sum(c["frames"] for c in video["chunks"]) < 129
+    assert decoded_frames(b"".join(binary), tmp_path) == video["num_frames"]
+
+
+async def until_error(ws, binary: list[bytes]) -> dict:
+    while True:
+        message = await ws.recv()
+        if isinstance(message, bytes):
+            binary.append(message)
+            continue
+        message = json.loads(message)
+        if message["type"] == "error":
+            return message
+
+
+def test_closing_the_socket_cancels_the_video(server):
+    async def session():
+        async with websockets.connect(ws_url(server)) as ws:
+            await ws.send(json.dumps({"type": "session.create", **LONG, "prompt": "abandoned"}))
+            return (await receive_json(ws))["video"]["id"]
+
+    video_id = run(session())
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        def cancelled() -> bool:
+            status = http.get(f"/v1/videos/{video_id}").json()["status"]
+            assert status == "cancelled", status
+            return True
+
+        eventually(cancelled, timeout=120, what=f"{video_id} to be cancelled")
+
+
+BAD_MESSAGES = [
+    ("not json", "invalid_json"),
+    ('["a list"]', "invalid_message"),
+    ('{"type": "dance"}', "unknown_type"),
+    ('{"type": "prompt.update", "prompt": "x"}', "no_session"),
+    ('{"type": "session.stop"}', "no_session"),
+    ('{"type": "session.create", "prompt": "x", "size": "7x7"}', None),
+    ('{"type": "session.create", "prompt": "x", "seconds": 60}', None),
+    ('{"type": "session.create", "prompt": "x", "unknown_field": 1}', None),
+    ('{"type": "session.create", "prompt": "x", "image": "data:image/png;base64,AAAA"}', None),
+]
+
+
+def test_bad_messages_get_errors_and_the_session_goes_on(server):
+    async def session():
+        answers = []
+        async with websockets.connect(ws_url(server)) as ws:
+            for text, _ in BAD_MESSAGES:
+                await ws.send(text)
+                answers.append(await receive_json(ws))
+            await ws.send(b"\x00binary")
+            answers.append(await receive_json(ws))
+            # Still open: a good session.create goes through, and a second one is refused.
+            await ws.send(json.dumps({"type": "session.create", **TINY, "prompt": "fine", "seconds": 2,
+                                      "num_inference_steps": 1}))
+            created = await receive_json(ws)
+            await ws.send(json.dumps({"type": "session.create", **TINY, "prompt": "again"}))
+            again = await until_error(ws, [])
+            await until(ws, "video.completed", [])
+        return answers, created, again
+
+    answers, created, again = run(session())
+    assert all(answer["type"] == "error" and answer["message"] for answer in answers), answers
+    for (text, code), answer in zip(BAD_MESSAGES, answers):
+        if code is not None:
+            assert answer["code"] == code, (text, answer)
+    assert answers[-1]["code"] == "binary_not_accepted"
+    assert [a["param"] for a in answers[5:9]] == ["size", "seconds", "unknown_field", "image"]
+    assert created["type"] == "video.created"
+    assert again["code"] == "session_exists"
+
+
+def test_an_oversized_message_closes_with_1009_and_the_server_stays_healthy(server):
+    async def session():
+        async with websockets.connect(ws_url(server), max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.create", "prompt": "x" * (25 * 1024 * 1024)}))
+            with pytest.raises(websockets.ConnectionClosedError) as closed:
+                await ws.recv()
+            return closed.value.rcvd.code if closed.value.rcvd else closed.value.sent.code
+
+    assert run(session()) == 1009
+    assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+
+
+def test_keys_quotas_and_the_queue_apply_at_session_create(tmp_path):
+    """On a server with keys (its queue runs nothing here, so sessions wait): no key, no
+    session; a browser's key as a subprotocol works; the key's active-job quota holds; a
+    waiting session hears its place in the queue."""
+    key = "key-realtime-0123456789"
+    services = idle_services(tmp_path, api_keys=key, key_max_active_jobs=2)
+    with app_client(tmp_path, services) as (client, _):
+        with pytest.raises(WebSocketDisconnect) as refused:
+            with client.websocket_connect("/v1/realtime/video") as ws:
+                ws.receive_text()
+        assert refused.value.code == 1008
+        create = {"type": "session.create", **TINY, "prompt": "waiting", "seconds": 2}
+        with client.websocket_connect("/v1/realtime/video", headers={"Authorization": f"Bearer {key}"}) as first:
+            first.send_text(json.dumps(create))
+            assert json.loads(first.receive_text())["type"] == "video.created"
+            assert json.loads(first.receive_text()) == {"type": "video.queued", "position": 1}
+            with client.websocket_connect("/v1/realtime/video", subprotocols=["vidserve", f"vidserve.key.{key}"]) \
+                    as second:
+                assert second.accepted_subprotocol == "vidserve"  # the key is never echoed
+                second.send_text(json.dumps(create))
+                assert json.loads(second.receive_text())["type"] == "video.created"
+                assert json.loads(second.receive_text()) == {"type": "video.queued", "position": 2}
+                second.send_text(json.dumps({"type": "prompt.update", "prompt": "still waiting"}))
+                assert json.loads(second.receive_text()) == {"type": "prompt.updated", "from_chunk": 0}
+                bearer = {"Authorization": f"Bearer {key}"}
+                with client.websocket_connect("/v1/realtime/video", headers=bearer) as third:
+                    third.send_text(json.dumps(create))
+                    over = json.loads(third.receive_text())
+                    assert over["type"] == "error" and over["code"] == "quota_exceeded"

@@ -1,0 +1,62 @@
+"""Signed stream URLs. Players (a <video>, hls.js, ffmpeg, a CDN) cannot send an Authorization
+header, so on a server with keys a video's HLS URLs carry a token instead: its expiry and an
+HMAC-SHA256 of the video id and that expiry. Every API process of a deployment must share the
+secret (`VIDSERVE_STREAM_SECRET`), or each makes and keeps its own in its data directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+
+log = logging.getLogger("vidserve.stream_tokens")
+
+
+class StreamTokens:
+    def __init__(self, secret: str, seconds: int):
+        self._key = secret.encode()
+        self.seconds = seconds
+
+    def sign(self, video_id: str, now: float | None = None) -> str:
+        """A token for the video's stream, good for `seconds` from `now`."""
+        expires = int(time.time() if now is None else now) + self.seconds
+        return f"{expires}.{self._mac(video_id, expires)}"
+
+    def check(self, video_id: str, token: str, now: float | None = None) -> bool:
+        """Whether `token` was signed for this video and has not expired."""
+        expires, _, mac = token.partition(".")
+        if not expires.isascii() or not expires.isdigit() or len(expires) > 12:
+            return False
+        if int(expires) < (time.time() if now is None else now):
+            return False
+        return hmac.compare_digest(mac.encode(), self._mac(video_id, int(expires)).encode())
+
+    def _mac(self, video_id: str, expires: int) -> str:
+        digest = hmac.new(self._key, f"{video_id}.{expires}".encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def kept_secret(path: Path, what: str, make=lambda: secrets.token_urlsafe(32)) -> str:
+    """The secret kept in `path`, made there on first use, so it survives restarts and every
+    process sharing the folder uses the same."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # O_EXCL: when two processes start at once, one writes and both read the same secret
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as out:
+            out.write(make() + "\n")
+        log.info("made a %s in %s", what, path)
+    return path.read_text().strip()
+
+
+def stream_tokens(settings) -> StreamTokens:
+    secret = settings.stream_secret or kept_secret(Path(settings.data_dir) / "stream_secret", "stream URL secret")
+    return StreamTokens(secret, settings.stream_url_seconds)
