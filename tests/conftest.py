@@ -101,7 +101,7 @@ class Backend:
         if self._seaweedfs is not None:
             return self._seaweedfs.keys(f"{self._prefix}/{video_id}/")
         folder = self.servers[0].data_dir / "files" / video_id
-        return sorted(str(path) for path in folder.rglob("*")) if folder.exists() else []
+        return sorted(str(path) for path in folder.rglob("*") if path.is_file()) if folder.exists() else []
 
     def webhook_secret(self) -> str:
         return self._webhook_secret or (self.servers[0].data_dir / "webhook_secret").read_text().strip()

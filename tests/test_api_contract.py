@@ -60,8 +60,9 @@ def test_openai_sdk_round_trip(client, backend, tmp_path):
     assert frames.shape == (33, 64, 64, 3) and fps == 16
     thumbnail = client.videos.download_content(video.id, variant="thumbnail").read()
     assert thumbnail[:4] == b"RIFF" and thumbnail[8:12] == b"WEBP"
-    assert {name.rsplit("/", 1)[-1] for name in backend.stored_files(video.id)} == {"video.mp4", "thumbnail.webp",
-                                                                                     "spritesheet.jpg"}
+    # The video, its stills, and its stream (the init segment and its one chunk's segment).
+    assert {name.rsplit("/", 1)[-1] for name in backend.stored_files(video.id)} == {
+        "video.mp4", "thumbnail.webp", "spritesheet.jpg", "init.mp4", "0.m4s"}
     deleted = client.videos.delete(video.id)
     assert deleted.deleted and deleted.id == video.id
     with pytest.raises(openai.NotFoundError):

@@ -5,8 +5,10 @@ every bad message answered with an error while the session goes on."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -240,3 +242,14 @@ def test_keys_quotas_and_the_queue_apply_at_session_create(tmp_path):
                     third.send_text(json.dumps(create))
                     over = json.loads(third.receive_text())
                     assert over["type"] == "error" and over["code"] == "quota_exceeded"
+
+
+def test_a_session_may_start_from_an_image_sent_as_a_data_url(tmp_path):
+    image = base64.b64encode(Path("examples/first.png").read_bytes()).decode()
+    with app_client(tmp_path, idle_services(tmp_path)) as (client, services):
+        with client.websocket_connect("/v1/realtime/video") as ws:
+            ws.send_text(json.dumps({"type": "session.create", "model": "wan-tiny-i2v", "prompt": "it moves up",
+                                     "seconds": 2, "image": f"data:image/png;base64,{image}"}))
+            created = json.loads(ws.receive_text())
+        assert created["type"] == "video.created" and created["video"]["has_input_reference"]
+        assert services.storage.exists(services.store.get(created["video"]["id"]).input_image_key)

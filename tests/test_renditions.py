@@ -17,7 +17,8 @@ from probe import probe
 
 from vidserve import __version__
 from vidserve.media.renderer import ENCODERS, Encoder
-from vidserve.media import encode_mp4, save_thumbnail
+from vidserve.media import save_thumbnail
+from vidserve.media.hls import encode_segment, join_segments
 from vidserve.pipelines import chain
 from vidserve.media.spritesheet import sprite_indices
 
@@ -187,14 +188,16 @@ def test_a_long_video_is_rendered_whole_and_16_fps_becomes_32_by_interpolation(a
     assert probe(tmp_path / "chunk.mp4").codec == "h264"  # chunks stay H.264
 
 
-def test_without_outputs_the_video_is_the_same_mp4_as_before(api, tmp_path):
+def test_without_outputs_the_video_is_its_stream_joined(api, tmp_path):
+    """Renditions leave the default MP4 alone: the chunk's segment, the encode the stream plays."""
     client, made = api
     prompt = "a plain fox"
     video, _ = run_job(client, {**SMALL, "prompt": prompt, "num_frames": 17})
     assert video["status"] == "completed", video["error"]
     assert video["outputs"] == []
     response, _ = download(client, video["id"], "video", tmp_path)
-    assert response.content == encode_mp4(made[prompt], tmp_path / "before.mp4", fps=16).read_bytes()
+    segment = encode_segment(made[prompt], 16)
+    assert response.content == join_segments(segment.init, [segment.media], tmp_path / "video.mp4").read_bytes()
     missing = client.get(f"/v1/videos/{video['id']}/content", params={"variant": "webm"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "variant_not_found"
 

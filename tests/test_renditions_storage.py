@@ -15,6 +15,7 @@ from stores import TEST_BUCKET
 
 from vidserve.api.services import Services
 from vidserve.jobs import Job, JobStatus
+from vidserve.media.drift import Anchor, measure
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
 from vidserve.media.renditions import OutputRequest, resolve_outputs
@@ -48,17 +49,22 @@ def stored(services: Services, video_id: str) -> list[str]:
 
 def test_renditions_are_stored_served_and_expired_with_the_video(services, monkeypatch, tmp_path):
     frames = np.random.default_rng(0).integers(0, 255, (9, 48, 64, 3), dtype=np.uint8)
-    monkeypatch.setattr(chain, "generate_video", lambda request, *args, **kwargs: chain.VideoResult(
-        frames=frames, fps=request.fps, seed=request.seed))
+
+    def made(request, *args, on_chunk, **kwargs):  # two chunks, handed over as the chain hands them
+        for index, part in enumerate((frames[:5], frames[5:])):
+            on_chunk(index, part, measure(part, Anchor.from_frames(frames[:5])), request.prompt)
+        return chain.VideoResult(frames=frames, fps=request.fps, seed=request.seed)
+
+    monkeypatch.setattr(chain, "generate_video", made)
     settings, storage = services.settings, services.storage
-    # Two chunks, so the runner encodes the whole MP4 itself: the stand-in generator stores no chunk.
     params = JobParams(width=64, height=48, num_frames=9, fps=16, steps=1, guidance=1.0, seed=3, chunk_frames=(5, 5),
                        seconds="0.5", outputs=resolve_outputs(OUTPUTS, 64, 48, 16, 9, settings))
     job, _ = services.store.create(Job(model="wan-tiny", prompt="a fox", params=params))
     done = JobRunner(settings, services.store, storage, worker_id="w").run(job.id)
     assert done.status is JobStatus.completed, done.error
-    assert stored(services, job.id) == ["outputs/frames.zip", "outputs/gif.gif", "outputs/webm.webm",
-                                        "spritesheet.jpg", "thumbnail.webp", "video.mp4"]
+    assert stored(services, job.id) == ["chunk-0.mp4", "chunk-1.mp4", "outputs/frames.zip", "outputs/gif.gif",
+                                        "outputs/webm.webm", "spritesheet.jpg", "stream/0.m4s", "stream/1.m4s",
+                                        "stream/init.mp4", "thumbnail.webp", "video.mp4"]
 
     with app_client(tmp_path, services) as (client, _):
         for name, media_type in (("webm", "video/webm"), ("frames", "application/zip"), ("gif", "image/gif"),
