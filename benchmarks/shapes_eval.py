@@ -22,6 +22,9 @@ FRAME_HELDOUT for frames). Sections:
 - fidelity: t2v adherence for dense attention, top-k at densities 0.25 and 0.125 (with the
   default 4x4x4 tiles and with 1x4x4), top-k with dense first steps or a dense first block,
   mass selection, and step caching, all on the same prompts and seeds, with seconds per clip.
+- fast: the `fast` preset (4 steps without guidance through the bundled step-distilled adapter
+  wan-shapes-4step) beside the default (20 guided steps) and 4 plain steps: adherence, and
+  seconds per clip for denoising and for the whole job, in one run.
 - vlm: captions and answers from vlm-shapes through POST /v1/chat/completions.
 - lora (not in the default --only): a LoRA adapter (--adapter, by default
   vidserve/weights/wan-shapes-purple) on held-out purple prompts (shapes_world.PURPLE_HELDOUT:
@@ -61,6 +64,9 @@ from training import shapes_world as world  # noqa: E402
 from training.shapes_score import detect, score, score_caption  # noqa: E402
 from training.wan_shapes import to_clips, to_tensor  # noqa: E402
 from vidserve.config import Settings  # noqa: E402
+from vidserve.loras import LoraRegistry  # noqa: E402
+from vidserve.media import save_thumbnail  # noqa: E402
+from vidserve.media.hls import encode_segment, join_segments  # noqa: E402
 from vidserve.pipelines.chain import generate_video  # noqa: E402
 from vidserve.pipelines.video import get_pipeline  # noqa: E402
 from vidserve.registry import resolve  # noqa: E402
@@ -129,10 +135,11 @@ def area_ratio(clips: list, specs: list) -> float | None:
     return round(sum(m for m, _ in pairs) / sum(t for _, t in pairs), 2) if pairs else None
 
 
-def generate(settings: Settings, prompt: str, seed: int, on_chunk=None, image=None, num_frames=None, **options):
+def generate(settings: Settings, prompt: str, seed: int, on_chunk=None, image=None, num_frames=None,
+             adapters: LoraRegistry | None = None, **options):
     request = build_request(resolve(MODEL), settings, prompt, GenerationOptions(seed=seed, **options),
-                            num_frames=num_frames, image=image)
-    return generate_video(request, device="cpu", dtype="float32", on_chunk=on_chunk)
+                            num_frames=num_frames, image=image, adapters=adapters)
+    return generate_video(request, device="cpu", dtype="float32", on_chunk=on_chunk, adapters=adapters)
 
 
 def run_t2v(settings: Settings, specs: list, first_seed: int = 0, **kwargs) -> dict:
@@ -143,6 +150,42 @@ def run_t2v(settings: Settings, specs: list, first_seed: int = 0, **kwargs) -> d
     scores = [score(clip, world.caption(spec)) for clip, spec in zip(clips, specs)]
     return {**rates(scores), "shape_by_kind": shape_by_kind(scores, specs), "area_ratio": area_ratio(clips, specs),
             "seconds_per_clip": round(seconds, 2)}
+
+
+FEW_STEPS = {
+    "default (20 steps, guidance 4)": {},
+    "fast (4 steps, no guidance, wan-shapes-4step)": {"preset": "fast"},
+    "4 steps, no guidance, no adapter": {"steps": 4, "guidance": 1.0},
+}
+
+
+def run_fast(settings: Settings, specs: list, first_seed: int = 0) -> dict:
+    """The few-step preset beside the default and beside 4 plain steps, on the same prompts and
+    seeds in one run: adherence, and per clip the denoising seconds and the whole job's (the
+    pipeline, decoding included, then the MP4 and thumbnail a worker writes)."""
+    adapters = LoraRegistry.from_settings("", "")  # the bundled ones: wan-shapes-4step
+    out = {}
+    for name, options in FEW_STEPS.items():
+        generate(settings, world.caption(specs[0]), 0, adapters=adapters, **options)  # loads what the row uses
+        clips, denoise, whole = [], 0.0, 0.0
+        for i, spec in enumerate(specs):
+            start = time.perf_counter()
+            result = generate(settings, world.caption(spec), first_seed + i, adapters=adapters, **options)
+            with tempfile.TemporaryDirectory() as tmp:
+                segment = encode_segment(result.frames, result.fps)
+                join_segments(segment.init, [segment.media], Path(tmp) / "video.mp4")
+                save_thumbnail(result.frames, Path(tmp) / "thumbnail.webp")
+            whole += time.perf_counter() - start
+            denoise += result.timings["denoise"]
+            clips.append(result.frames)
+        scores = [score(clip, world.caption(spec)) for clip, spec in zip(clips, specs)]
+        out[name] = {**rates(scores), "area_ratio": area_ratio(clips, specs),
+                     "denoise_s": round(denoise / len(specs), 3), "job_s": round(whole / len(specs), 3)}
+    default = out[next(iter(FEW_STEPS))]
+    for row in out.values():
+        row["denoise_speedup"] = round(default["denoise_s"] / row["denoise_s"], 1)
+        row["job_speedup"] = round(default["job_s"] / row["job_s"], 1)
+    return out
 
 
 def use_adapter(folder: Path | None, scale: float = 1.0) -> None:
@@ -288,7 +331,7 @@ def table(title: str, rows: dict, columns: tuple) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="t2v,i2v,vae,chain,fidelity,vlm", help="comma-separated sections")
+    parser.add_argument("--only", default="t2v,i2v,vae,chain,fidelity,fast,vlm", help="comma-separated sections")
     parser.add_argument("--prompts", type=int, default=50, help="held-out prompts per t2v/i2v/fidelity run")
     parser.add_argument("--chains", type=int, default=10)
     parser.add_argument("--frames", type=int, default=100, help="held-out frames for the VLM")
@@ -346,6 +389,10 @@ def main() -> None:
         print(f"\nvlm-shapes on {results['vlm']['frames']} held-out frames via /v1/chat/completions: "
               f"caption {results['vlm']['caption']}, colour question {results['vlm']['colour_question']}, "
               f"shape question {results['vlm']['shape_question']}")
+    if "fast" in sections:
+        results["fast"] = run_fast(settings, specs, args.first_seed)
+        print(table(f"few steps: {len(specs)} held-out prompts, seconds per clip", results["fast"],
+                    (*cols, "denoise_s", "job_s", "denoise_speedup", "job_speedup")))
     if "lora" in sections:
         folder = None if args.adapter == "none" else Path(args.adapter)
         if folder is not None and not (folder / "pytorch_lora_weights.safetensors").is_file():

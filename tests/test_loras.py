@@ -200,11 +200,11 @@ def test_a_preset_fills_what_the_request_leaves_unset(api):
     assert models["Wan2.2-T2V-A14B"]["presets"][0]["loras"][0]["target"] == "high"
 
 
-def test_a_preset_whose_adapter_is_not_registered_says_how_to_register_it():
+def test_a_preset_whose_adapter_is_not_registered_says_what_it_needs():
     with pytest.raises(InvalidRequest) as refused:
         build_request(MODELS["Wan2.1-T2V-14B"], Settings(), "a fox", GenerationOptions(preset="distill-4step"),
                       adapters=LoraRegistry([]))
-    assert refused.value.param == "loras" and "unknown adapter 'lightx2v-t2v-14b'" in refused.value.message
+    assert refused.value.param == "preset" and "adapter 'lightx2v-t2v-14b' needs" in refused.value.message
 
 
 def test_a_preset_shift_changes_the_frames_and_leaves_the_scheduler_as_it_was(adapters):

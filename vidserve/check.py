@@ -1,6 +1,6 @@
 """`vidserve check`: what a deployment needs, verified before anything is started on it, one
 line each: Redis reachable and durable, storage readable and writable, models resolvable,
-device and dtype usable. Nothing is loaded onto a device."""
+presets' adapters registered, device and dtype usable. Nothing is loaded onto a device."""
 
 from __future__ import annotations
 
@@ -26,11 +26,15 @@ class Result:
         return f"{'ok' if self.ok else 'FAIL':<4} {self.name}: {self.detail}"
 
 
-def run_checks(settings: Settings, models: Iterable[str], place: Placement, redis: bool) -> list[Result]:
-    """Every check, in order; `redis` says whether this deployment uses Redis."""
+def run_checks(settings: Settings, models: Iterable[str], place: Placement, redis: bool,
+               presets: Iterable[tuple[str, str]] = ()) -> list[Result]:
+    """Every check, in order; `redis` says whether this deployment uses Redis; `presets` are
+    (model, preset) pairs whose adapters must be registered."""
     checks = [("redis", lambda: _redis(settings))] if redis else []
     checks.append(("storage", lambda: _storage(settings)))
     checks += [(f"model {name}", lambda name=name: _model(name)) for name in dict.fromkeys(models)]
+    checks += [(f"preset {model} {preset}", lambda model=model, preset=preset: _preset(settings, model, preset))
+               for model, preset in dict.fromkeys(presets)]
     checks.append(("device", lambda: _device(settings, place)))
     return [attempt(name, check) for name, check in checks]
 
@@ -109,6 +113,25 @@ def _downloadable(repo: str) -> str:
     except Exception:  # offline, unreachable, no such repository, or not allowed
         raise ModelUnavailable(repo) from None
     return f"{repo} is not cached; it downloads from the Hugging Face Hub on first use"
+
+
+def _preset(settings: Settings, model: str, name: str) -> str:
+    """Where each adapter the preset applies is registered from; failing, in one line, what
+    each missing one needs and the command that fetches it into the first lora dir."""
+    from vidserve.loras import PUBLIC_ADAPTERS, LoraRegistry, lora_folders, missing_adapter
+    from vidserve.registry import resolve_local
+
+    preset = resolve_local(model).preset(name)
+    adapters = LoraRegistry.from_settings(settings.lora_dirs, settings.loras, settings.lora_cache)
+    missing = [lora.name for lora in preset.loras if adapters.get(lora.name) is None]
+    if missing:
+        folders = lora_folders(settings.lora_dirs)
+        folder = folders[0] if folders else "loras"
+        fetched = any(adapter in PUBLIC_ADAPTERS for adapter in missing)
+        then = f", and register the folder: --lora-dir {folder}" if fetched and not folders else ""
+        raise VidserveError("; ".join(missing_adapter(adapter, folder) for adapter in missing) + then)
+    found = [f"{lora.name} is {adapters.get(lora.name).path}" for lora in preset.loras]
+    return "; ".join(found) or "applies no adapter"
 
 
 def _device(settings: Settings, place: Placement) -> str:

@@ -64,10 +64,39 @@ def cmd_models(args: argparse.Namespace) -> int:
         rows.append((s.name, s.kind, f"{s.width}x{s.height}", str(s.fps), str(s.frames_per_chunk),
                      f"{s.flow_shift:g}", str(s.experts), geometry, ",".join(n for n, _ in s.presets) or "-",
                      s.source))
+    _print_table(rows)
+    print()
+    _print_table(_preset_adapters(_settings(args)))
+    print("\n'vidserve check --model MODEL --preset PRESET' prints the command that fetches a missing file.")
+    return 0
+
+
+def _preset_adapters(settings: Settings) -> list[tuple[str, ...]]:
+    """A row for each adapter a preset applies: whether it is registered here, and its file:
+    where it is, or what to fetch (the published ones) or to register (the others)."""
+    from vidserve.loras import PUBLIC_ADAPTERS, LoraRegistry
+    from vidserve.registry import MODELS
+
+    adapters = LoraRegistry.from_settings(settings.lora_dirs, settings.loras)
+    rows = [("model", "preset", "adapter", "here", "file")]
+    for spec in MODELS.values():
+        for name, preset in spec.presets:
+            for lora in preset.loras:
+                found, public = adapters.get(lora.name), PUBLIC_ADAPTERS.get(lora.name)
+                if found is not None:
+                    file = str(found.path)
+                elif public is not None:
+                    file = f"{public.filename} from {public.repo}"
+                else:
+                    file = f"register it: --lora {lora.name}=PATH"
+                rows.append((spec.name, name, lora.name, "yes" if found is not None else "no", file))
+    return rows
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    return 0
 
 
 def _lora_uses(given: list[str] | None) -> list[dict] | None:
@@ -301,7 +330,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     uses_redis = settings.queue == "celery" or args.redis_url is not None
-    results = run_checks(settings, [settings.default_model, *(args.model or [])], placement, redis=uses_redis)
+    # A preset is checked on each model --model names, or on the default model if it names none.
+    presets = [(model, preset) for model in args.model or [settings.default_model] for preset in args.preset or []]
+    results = run_checks(settings, [settings.default_model, *(args.model or [])], placement, redis=uses_redis,
+                         presets=presets)
     for result in results:
         print(result.line())
     return 0 if all(result.ok for result in results) else 1
@@ -456,7 +488,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="verify what a deployment needs: Redis, storage, models, device",
                            description="Verify what a deployment needs, one ok/FAIL line each: Redis reachable and "
                                        "durable (with --queue celery or --redis-url), storage readable and writable, "
-                                       "models resolvable, device and dtype usable. Exit status 1 if any fails.")
+                                       "models resolvable, the adapters of each --preset registered, device and "
+                                       "dtype usable. Exit status 1 if any fails.")
     check.add_argument("--queue", choices=["embedded", "celery"], help=f"the queue to check for (default: {s.queue})")
     check.add_argument("--redis-url", help="Redis to check; checked when given or with --queue celery "
                        f"(default: {s.redis_url})")
@@ -465,6 +498,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     check.add_argument("--data-dir", type=Path, help=f"job database and outputs (default: {s.data_dir})")
     check.add_argument("--model", action="append", help="a model to check besides the default one, by registry "
                        f"name or local folder (repeatable; default: only {s.default_model})")
+    check.add_argument("--preset", action="append", help="a preset whose adapters must be registered, on each "
+                       "--model (or the default one); a missing file's line gives the command that fetches it "
+                       "(repeatable)")
+    _add_lora_registration_flags(check, s)
     _add_placement_flags(check, s)
     check.add_argument("--gpu", action="store_true", help="instead, check that the GPU kernels run here: a "
                        "trivial Triton kernel, then the block-sparse attention kernel on a tiny bf16 case against "
@@ -477,7 +514,10 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     hash_key.add_argument("key", nargs="?", help="the key (default: a new random one, printed once)")
     hash_key.set_defaults(func=cmd_hash_key)
 
-    models = sub.add_parser("models", help="list the model registry", description="List the model registry.")
+    models = sub.add_parser("models", help="list the model registry, and the adapter files its presets need",
+                            description="List the model registry, then each adapter a preset applies: its file, "
+                                        "and whether it is registered here.")
+    _add_lora_registration_flags(models, s)
     models.set_defaults(func=cmd_models)
 
     export = sub.add_parser("export-tiny", help="write a built-in tiny model as a diffusers folder",

@@ -7,14 +7,19 @@ request names registered adapters only, never a path. A registered adapter is a
 loader converts them) or a folder holding one, with optional metadata in a sidecar JSON
 (`NAME.json` beside the file, `adapter.json` in a folder): the base models it fits, its
 rank, a description, a recommended preset. Pure data, no torch: the API validates with it.
+
+The adapters a preset applies that are published on the Hugging Face Hub (`PUBLIC_ADAPTERS`)
+register under the preset's name for them when their file, under its published name, is in a
+lora dir.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,6 +63,51 @@ class Adapter:
                 "recommended_preset": self.recommended_preset}
 
 
+@dataclass(frozen=True)
+class PublicAdapter:
+    """An adapter a preset applies, as published on the Hugging Face Hub: `path` in `repo`."""
+
+    name: str  # what the preset calls it, and what it registers as
+    repo: str
+    path: str
+
+    @property
+    def filename(self) -> str:
+        return PurePosixPath(self.path).name
+
+    def fetch_command(self, folder: str) -> str:
+        """A command that puts the file in `folder` under its published name. Not `hf download
+        --local-dir`: that keeps the repository's sub-folder, and a sub-folder of a lora dir is
+        an adapter of its own, named by the folder."""
+        return (f"curl -L --create-dirs -o {shlex.quote(str(Path(folder) / self.filename))} "
+                f"https://huggingface.co/{self.repo}/resolve/main/{self.path}")
+
+
+# lightx2v's step- and CFG-distilled adapters, in the repositories lightx2v's step-distillation guide names.
+LIGHTX2V_T2V_14B = PublicAdapter("lightx2v-t2v-14b", "lightx2v/Wan2.1-T2V-14B-StepDistill-CfgDistill-Lightx2v",
+                                 "loras/Wan21_T2V_14B_lightx2v_cfg_step_distill_lora_rank64.safetensors")
+LIGHTX2V_I2V_14B_480P = PublicAdapter("lightx2v-i2v-14b-480p",
+                                      "lightx2v/Wan2.1-I2V-14B-480P-StepDistill-CfgDistill-Lightx2v",
+                                      "loras/Wan21_I2V_14B_lightx2v_cfg_step_distill_lora_rank64.safetensors")
+PUBLIC_ADAPTERS = {adapter.name: adapter for adapter in (LIGHTX2V_T2V_14B, LIGHTX2V_I2V_14B_480P)}
+_PUBLISHED_FILES = {adapter.filename: adapter.name for adapter in PUBLIC_ADAPTERS.values()}
+
+
+def missing_adapter(name: str, folder: str) -> str:
+    """What adapter `name`, which is not registered, takes, in one line: for a published one,
+    its file and the command that fetches it into `folder`."""
+    public = PUBLIC_ADAPTERS.get(name)
+    if public is None:
+        return f"adapter {name!r} is not registered; register its file with --lora {name}=PATH"
+    return (f"adapter {name!r} needs {public.filename}, which is in no lora dir (VIDSERVE_LORA_DIRS); fetch it "
+            f"with `{public.fetch_command(folder)}`")
+
+
+def lora_folders(lora_dirs: str) -> list[str]:
+    """The folders of a `lora_dirs` setting: separated by ',' or os.pathsep."""
+    return [p for p in (p.strip() for p in lora_dirs.replace(os.pathsep, ",").split(",")) if p]
+
+
 def _weights_file(path: Path) -> Path:
     if path.is_file():
         return path
@@ -81,15 +131,15 @@ def read_adapter(name: str, path: Path) -> Adapter:
 
 
 def _in_folder(folder: Path, bundled: bool) -> list[Adapter]:
-    """A folder's adapters: each `.safetensors` file (named by its stem) and each sub-folder
-    with one (named by the folder). In the bundled weights, only folders with a sidecar are
-    adapters; the others are models."""
+    """A folder's adapters: each `.safetensors` file (named by its stem, or a published adapter's
+    file by the preset's name for it) and each sub-folder with one (named by the folder). In the
+    bundled weights, only folders with a sidecar are adapters; the others are models."""
     found = []
     for entry in sorted(folder.iterdir()):
         if entry.is_dir() and ((entry / SIDECAR).is_file() or (not bundled and any(entry.glob("*.safetensors")))):
             found.append(read_adapter(entry.name, entry))
         elif not bundled and entry.suffix == ".safetensors":
-            found.append(read_adapter(entry.stem, entry))
+            found.append(read_adapter(_PUBLISHED_FILES.get(entry.name, entry.stem), entry))
     return found
 
 
@@ -106,7 +156,7 @@ class LoraRegistry:
     def from_settings(cls, lora_dirs: str, loras: str, cache_size: int = 8) -> "LoraRegistry":
         """`lora_dirs`: folders separated by ',' or os.pathsep; `loras`: NAME=PATH pairs separated by ','."""
         adapters = _in_folder(BUNDLED, bundled=True) if BUNDLED.is_dir() else []
-        for folder in filter(None, (p.strip() for p in lora_dirs.replace(os.pathsep, ",").split(","))):
+        for folder in lora_folders(lora_dirs):
             if not Path(folder).is_dir():
                 raise VidserveError(f"--lora-dir {folder}: no such folder")
             adapters += _in_folder(Path(folder), bundled=False)
@@ -119,6 +169,15 @@ class LoraRegistry:
 
     def get(self, name: str) -> Adapter | None:
         return self.adapters.get(name)
+
+    def check_preset(self, preset: str, loras: tuple[LoraRequest, ...]) -> None:
+        """A 400 naming `preset` and the file its first missing adapter needs, unless every
+        adapter it applies is registered: before the checks of `check`, which name `loras`."""
+        for lora in loras:
+            if self.get(lora.name) is None:
+                # The server's own folders are not the client's to see: the command names a placeholder.
+                raise InvalidRequest(f"preset {echo(preset)}: {missing_adapter(lora.name, 'LORA_DIR')}",
+                                     param="preset", code="adapter_missing")
 
     def check(self, loras: tuple[LoraRequest, ...], models: list[str], max_loras: int) -> None:
         """A 400 naming `loras` unless every adapter asked for is registered, fits each model the

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from vidserve.errors import InvalidRequest, UnknownModel, echo
-from vidserve.loras import LoraRequest
+from vidserve.loras import LIGHTX2V_I2V_14B_480P, LIGHTX2V_T2V_14B, PUBLIC_ADAPTERS, LoraRequest
 
 
 @dataclass(frozen=True)
@@ -94,10 +94,14 @@ _WAN21 = dict(vae_stride=(4, 8, 8), patch_size=(1, 2, 2))
 
 def _distilled(*loras: LoraRequest) -> tuple[tuple[str, Preset], ...]:
     """lightx2v's published step- and CFG-distilled adapters: 4 steps, guidance off, shift 5.
-    The adapter files are the operator's to fetch and register under these names."""
-    names = " and ".join(repr(lora.name) for lora in loras)
-    return (("distill-4step", Preset(4, 1.0, 5.0, loras, f"4 steps without CFG through lightx2v's distilled LoRA "
-                                     f"(register it as {names}: --lora NAME=PATH)")),)
+    Those in `PUBLIC_ADAPTERS` register once their files are in a lora dir; the operator
+    registers the others under these names."""
+    if all(lora.name in PUBLIC_ADAPTERS for lora in loras):
+        how = " and ".join(PUBLIC_ADAPTERS[lora.name].filename for lora in loras) + " in a lora dir"
+    else:
+        how = "register it as " + " and ".join(repr(lora.name) for lora in loras) + ": --lora NAME=PATH"
+    return (("distill-4step", Preset(4, 1.0, 5.0, loras,
+                                     f"4 steps without CFG through lightx2v's distilled LoRA ({how})")),)
 _WAN22_5B = dict(vae_stride=(4, 16, 16), patch_size=(1, 2, 2))
 
 MODELS: dict[str, ModelSpec] = {
@@ -107,7 +111,10 @@ MODELS: dict[str, ModelSpec] = {
                   default_guidance=4.0, continues_with="wan-shapes", vae_stride=(4, 4, 4), patch_size=(1, 2, 2),
                   text_tokens=24, description="Wan2.2-TI2V-style model trained on the shapes world (training/): "
                   "coloured shapes moving on plain backgrounds; text or first frame to video",
-                  presets=(("draft", Preset(8, 4.0, description="8 steps instead of 20: a quick look")),)),
+                  presets=(("draft", Preset(8, 4.0, description="8 steps instead of 20: a quick look")),
+                           ("fast", Preset(4, 1.0, 2.0, (LoraRequest(name="wan-shapes-4step"),),
+                                           "4 steps without guidance (one transformer call a step) through the "
+                                           "bundled step-distilled adapter wan-shapes-4step")))),
         ModelSpec("wan-tiny", "t2v", "builtin", 64, 64, 16, 33, 3.0, default_steps=4, continues_with="wan-tiny-i2v",
                   description="Random-weight Wan2.1-style text-to-video, built in code (tests, demos)",
                   presets=(("fast", Preset(2, 1.0, 2.0, description="2 steps, no CFG, shift 2")),), **_WAN21),
@@ -120,11 +127,11 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Wan2.1-T2V-1.3B", "t2v", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", 832, 480, 16, 81, 3.0,
                   default_guidance=5.0, continues_with="Wan2.1-I2V-14B-480P", **_WAN21),
         ModelSpec("Wan2.1-T2V-14B", "t2v", "Wan-AI/Wan2.1-T2V-14B-Diffusers", 1280, 720, 16, 81, 5.0,
-                  continues_with="Wan2.1-I2V-14B-720P", presets=_distilled(LoraRequest(name="lightx2v-t2v-14b")),
+                  continues_with="Wan2.1-I2V-14B-720P", presets=_distilled(LoraRequest(name=LIGHTX2V_T2V_14B.name)),
                   **_WAN21),
         ModelSpec("Wan2.1-I2V-14B-480P", "i2v", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", 832, 480, 16, 81, 3.0,
-                  continues_with="Wan2.1-I2V-14B-480P", presets=_distilled(LoraRequest(name="lightx2v-i2v-14b-480p")),
-                  **_WAN21),
+                  continues_with="Wan2.1-I2V-14B-480P",
+                  presets=_distilled(LoraRequest(name=LIGHTX2V_I2V_14B_480P.name)), **_WAN21),
         ModelSpec("Wan2.1-I2V-14B-720P", "i2v", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", 1280, 720, 16, 81, 5.0,
                   continues_with="Wan2.1-I2V-14B-720P", presets=_distilled(LoraRequest(name="lightx2v-i2v-14b-720p")),
                   **_WAN21),

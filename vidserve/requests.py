@@ -169,12 +169,15 @@ def _resolved_options(spec: ModelSpec, settings: Settings, options: GenerationOp
     as asked."""
     asked = {name: getattr(options, name) for name in GenerationOptions.model_fields}
     steps, guidance, loras, flow_shift = options.steps, options.guidance, options.loras, None
+    adapters = adapters or LoraRegistry([])
     if options.preset is not None:
         chosen = spec.preset(options.preset)
         steps = chosen.steps if steps is None else steps
         guidance = chosen.guidance if guidance is None else guidance
         flow_shift = chosen.flow_shift
-        loras = list(chosen.loras) if loras is None else loras
+        if loras is None:
+            adapters.check_preset(options.preset, chosen.loras)
+            loras = list(chosen.loras)
     negative_prompt = options.negative_prompt or ""
     if len(negative_prompt) > settings.max_prompt_chars:
         raise InvalidRequest(f"negative_prompt is {len(negative_prompt)} characters; the limit is "
@@ -200,7 +203,7 @@ def _resolved_options(spec: ModelSpec, settings: Settings, options: GenerationOp
         models = [] if continuing else [spec.name]
         if continuing or len(chunk_frames) > 1:
             models.append(spec.continues_with)
-        (adapters or LoraRegistry([])).check(loras, models, settings.max_loras)
+        adapters.check(loras, models, settings.max_loras)
     return {**asked, "steps": steps, "guidance": guidance, "seed": seed, "negative_prompt": negative_prompt,
             "prompts": tuple(options.prompts or ()), "loras": loras, "flow_shift": flow_shift,
             "attention": _with_defaults(AttentionOptions, "attention", options.attention, settings.attention),
