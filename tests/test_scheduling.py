@@ -210,6 +210,10 @@ def test_a_key_with_one_job_starts_no_later_than_second_behind_a_key_with_six(em
     embedded.wait_done([*a, b])
     order = [i for i in embedded.started if i in {*a, b}]
     assert order.index(b) <= 2, order  # right after a's first, or after a's second had started first
+    metrics = embedded.client.get("/metrics", headers=auth("admin")).text
+    for key in ("a", "b"):  # by the key's name, never the key
+        assert f'vidserve_queue_wait_seconds_count{{key="{key}",model="wan-tiny",priority="normal"}}' in metrics
+    assert KEYS["a"] not in metrics
 
 
 def test_a_high_job_starts_next_after_the_running_one_and_only_keys_allowed_may_ask(embedded):

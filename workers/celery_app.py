@@ -174,7 +174,8 @@ class LeaseReaper:
     def _schedule_missing(self) -> None:
         for job in self.store.with_status([JobStatus.queued]):
             if self.schedule.add(job):
-                log.warning("job %s was queued but not scheduled: scheduled now", job.id)
+                # Mostly a job claimed a moment ago and not yet started: the claim drops it again.
+                log.info("job %s was queued but not in the schedule: scheduled", job.id)
                 self.wake(job.model)
 
     def _publish_queued(self) -> None:
