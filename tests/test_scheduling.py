@@ -260,7 +260,7 @@ def test_queue_positions_fall_match_the_start_order_and_the_estimates_hold(embed
     eventually(all_started, timeout=600, interval=0.1, what="every job to start")
     done = embedded.wait_done(ids)
     for i, positions in seen.items():
-        assert positions == sorted(positions, reverse=True) and None not in positions, (i, positions)
+        assert None not in positions and positions == sorted(positions, reverse=True), (i, positions)
     waiting = [i for i in ids if snapshot["videos"][i]["status"] == "queued"]
     predicted = sorted(waiting, key=lambda i: snapshot["videos"][i]["queue_position"])
     assert [i for i in embedded.started if i in waiting] == predicted

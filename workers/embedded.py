@@ -58,10 +58,13 @@ class EmbeddedQueue:
         with self._wake:
             fairness, running, durations = self._fairness.copy(), self._running, mean_durations(self._recent)
         now = time.time()
-        waiting = [Entry.of(job) for job in queued if running is None or job.id != running[0]]
         models = {job.id: job.model for job in queued}
-        order = [(entry.id, models[entry.id]) for entry in start_order(waiting, fairness, now, self.aging_seconds)]
-        return standings(order, [running[1]] if running else [], durations, 1, now)
+        # Picked but not yet started, a job still shows queued: it is first in line, and nothing runs before it.
+        starting = [running[0]] if running is not None and running[0] in models else []
+        waiting = [Entry.of(job) for job in queued if job.id not in starting]
+        order = [*starting, *(entry.id for entry in start_order(waiting, fairness, now, self.aging_seconds))]
+        runs = [running[1]] if running is not None and not starting else []
+        return standings([(job_id, models[job_id]) for job_id in order], runs, durations, 1, now)
 
     @property
     def alive(self) -> bool:
