@@ -123,7 +123,8 @@ def test_the_redis_claim_picks_what_the_policy_picks(redis_url):
     cancelled = jobs[5]
     store.update(cancelled.id, jobs_.request_cancel)  # dropped at its turn
     waiting = [Entry.of(job) for job in jobs if job is not cancelled]
-    predicted = list(schedule.standings("wan-tiny", [], 1))  # in the order they stand
+    queued = [job.id for job in jobs if job is not cancelled]
+    predicted = list(schedule.standings("wan-tiny", queued, [], 1))  # in the order they stand
     fairness, claimed = Fairness(), []
     while (job_id := schedule.claim("wan-tiny")) is not None:
         expected = next_entry(waiting, fairness, now, AGING)

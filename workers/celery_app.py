@@ -207,9 +207,11 @@ class CeleryQueue:
         return self._live_workers(model) > 0
 
     def standings(self, model: str) -> dict[str, Standing]:
-        running = [Running(job.model, job.started_at) for job in self.store.with_status([JobStatus.in_progress])
-                   if job.model == model]
-        return self.schedule.standings(model, running, max(self._live_workers(model), len(running)))
+        active = [job for job in self.store.with_status([JobStatus.queued, JobStatus.in_progress])
+                  if job.model == model]
+        queued = [job.id for job in active if job.status is JobStatus.queued]
+        running = [Running(job.model, job.started_at) for job in active if job.status is JobStatus.in_progress]
+        return self.schedule.standings(model, queued, running, max(self._live_workers(model), len(running)))
 
     def _live_workers(self, model: str) -> int:
         cached = self._workers.get(model)

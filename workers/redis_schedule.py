@@ -65,8 +65,9 @@ class RedisSchedule:
             pipe.ltrim(key, 0, RECENT_JOBS - 1)
             pipe.execute()
 
-    def standings(self, model: str, running: list[Running], workers: int) -> dict[str, Standing]:
-        """Each queued job of `model`'s place in line and estimated start, read in one snapshot."""
+    def standings(self, model: str, queued: list[str], running: list[Running], workers: int) -> dict[str, Standing]:
+        """The place in line and estimated start of each of `model`'s `queued` jobs (ids, oldest first).
+        One not in the schedule was claimed a moment ago and is starting: it stands first."""
         with self.redis.pipeline(transaction=True) as pipe:
             for level in self._levels(model):
                 pipe.zrange(level, 0, -1, withscores=True)
@@ -74,13 +75,13 @@ class RedisSchedule:
                 pipe.hgetall(self._key(model, part))
             pipe.get(self._key(model, "clock"))
             pipe.lrange(self._key(model, "durations"), 0, -1)
-            pipe.smembers(self.queued_key)
-            *levels, entries, served, clock, durations, queued = pipe.execute()
+            *levels, entries, served, clock, durations = pipe.execute()
         waiting = [Entry(id=job_id, level=level, queued_at=score, **json.loads(entries[job_id]))
                    for level, members in enumerate(levels) for job_id, score in members
                    if job_id in queued]
+        starting = [job_id for job_id in queued if job_id not in entries]
         fairness = Fairness({key: float(value) for key, value in served.items()}, float(clock or 0))
         now = time.time()
-        order = start_order(waiting, fairness, now, self.aging_seconds)
+        order = [*starting, *(entry.id for entry in start_order(waiting, fairness, now, self.aging_seconds))]
         means = mean_durations({model: [float(seconds) for seconds in durations]})
-        return standings([(entry.id, model) for entry in order], running, means, workers, now)
+        return standings([(job_id, model) for job_id in order], running, means, workers, now)
