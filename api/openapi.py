@@ -32,7 +32,8 @@ BODIES: dict[tuple[str, str], tuple[type[BaseModel], tuple[str, ...]]] = {
 _MEANINGS = {
     "400": "Invalid request: the message names the parameter.",
     "401": "Missing or unknown API key.",
-    "403": "The API key is not an admin key, or a stream token is invalid or expired.",
+    "403": "The API key is not an admin key, may not ask for this priority (param priority), or a stream token "
+           "is invalid or expired.",
     "404": "No such video (another key's videos are not found either), or no such model.",
     "405": "Method not allowed.",
     "409": "The video is not in a state that allows this.",
@@ -49,13 +50,13 @@ _MEANINGS = {
 _EVERY = ("413",)
 _COMMON = ("400", "401", "429", "500", "503")
 _ROUTE_ERRORS = {
-    ("/v1/videos", "post"): ("422",),
-    ("/v1/videos/extensions", "post"): ("404", "409", "410"),
+    ("/v1/videos", "post"): ("403", "422"),
+    ("/v1/videos/extensions", "post"): ("403", "404", "409", "410"),
     ("/v1/videos/{video_id}", "get"): ("404",),
     ("/v1/videos/{video_id}", "delete"): ("404",),
     ("/v1/videos/{video_id}/cancel", "post"): ("404", "409"),
     ("/v1/videos/{video_id}/content", "get"): ("404", "409", "410", "416"),
-    ("/v1/videos/{video_id}/remix", "post"): ("404", "410"),
+    ("/v1/videos/{video_id}/remix", "post"): ("403", "404", "410"),
     ("/v1/videos/{video_id}/events", "get"): ("404",),
     ("/v1/videos/{video_id}/stream.m3u8", "get"): ("403", "404", "410"),
     ("/v1/videos/{video_id}/stream/{name}", "get"): ("403", "404", "409", "410", "416"),

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vidserve.media.renditions import OutputRequest
-from vidserve.options import GenerationOptions
+from vidserve.options import GenerationOptions, QueueOptions
 from vidserve.webhooks import EVENT_TYPES
 
 WEBHOOK_EVENTS = tuple(sorted(EVENT_TYPES))
@@ -76,9 +76,9 @@ class VideoExtend(_JobFields):
     video: VideoReference | None = None
 
 
-class VideoRemix(BaseModel):
+class VideoRemix(QueueOptions):
     """POST /v1/videos/{id}/remix: the source video's job again with OpenAI's new `prompt`;
-    `outputs`, if given, in place of the source's."""
+    `outputs` and `priority`, if given, in place of the source's."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -12,7 +12,8 @@ from fastapi import Request
 from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
 from vidserve.jobs.expiry import ExpirySweeper
-from vidserve.jobs import Job, JobStore
+from vidserve.jobs import Job, JobStatus, JobStore
+from vidserve.jobs.standing import Standing
 from vidserve.jobs.video_object import VideoObject
 from vidserve.keys import KeyRing
 from vidserve.loras import LoraRegistry
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # torch loads only where chat is on
 class JobQueue(Protocol):
     def start(self) -> None: ...
     def submit(self, job: Job) -> None: ...
+    def standings(self, model: str) -> dict[str, Standing]: ...
     def stop(self) -> None: ...
     @property
     def alive(self) -> bool: ...
@@ -62,9 +64,19 @@ class Services:
         if self.stream_tokens is None and self.keyring.enabled:
             self.stream_tokens = stream_tokens(self.settings)
 
-    def video(self, job: Job) -> VideoObject:
-        """The video object as this API answers with it: on a server with keys, its stream URL signed."""
-        return VideoObject.of(job, self.stream_tokens.sign(job.id) if self.keyring.enabled else None)
+    def video(self, job: Job, standings: dict[str, Standing] | None = None) -> VideoObject:
+        """The video object as this API answers with it: on a server with keys, its stream URL signed;
+        queued, where it stands (from `standings`, the queue's for its model, when a caller has them)."""
+        standing = None
+        if job.status is JobStatus.queued:
+            standing = (self.queue.standings(job.model) if standings is None else standings).get(job.id)
+        return VideoObject.of(job, self.stream_tokens.sign(job.id) if self.keyring.enabled else None, standing)
+
+    def videos(self, page: list[Job]) -> list[VideoObject]:
+        """Video objects of many jobs, each model's line read once."""
+        models = {job.model for job in page if job.status is JobStatus.queued}
+        lines = {model: self.queue.standings(model) for model in models}
+        return [self.video(job, lines.get(job.model)) for job in page]
 
     def unavailable(self, spec: ModelSpec) -> str | None:
         """Why a job for `spec` would not run now, and what to do about it; None if it would.

@@ -14,6 +14,7 @@ from vidserve.media import VideoInfo, load_image, probe_video, read_last_frame
 from vidserve.options import GenerationOptions
 from vidserve.outbound import check_url
 from vidserve.params import JobParams
+from vidserve.priorities import Priority, allows
 from vidserve.registry import ModelSpec, resolve, resolve_local
 from vidserve.media.renditions import OutputRequest, resolve_outputs
 from vidserve.requests import GenerationRequest, build_request, check_prompt
@@ -91,13 +92,16 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     return _enqueue(svc, job)
 
 
-def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str,
+def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str, priority: Priority | None = None,
                  outputs: list[OutputRequest] | None = None) -> Job:
     """The same job with a new prompt: every parameter, the first frame, and for an extension
-    the video it continues, are the source's; and its renditions, unless `outputs` names others."""
+    the video it continues, are the source's; and its priority and renditions, unless `priority`
+    and `outputs` name others."""
     check_prompt(prompt, svc.settings)
     _check_available(svc, resolve_local(source.model))
     params = source.params
+    if priority is not None:
+        params = params.model_copy(update={"priority": priority})
     if outputs is not None:
         renditions = resolve_outputs(outputs, params.width, params.height, params.fps,
                                      params.source_frames + params.num_frames, svc.settings)
@@ -131,6 +135,10 @@ def _job(svc: Services, caller: Caller, model: str, prompt: str, params: JobPara
                        "(set VIDSERVE_CHAT_MODEL, or VIDSERVE_CHAT_URL for workers)", param=param)
     if webhook_url:  # a receiver the server would refuse to call is bad input now, not a failed delivery later
         check_url(webhook_url, svc.settings.allow_private_urls, param="webhook_url")
+    if not allows(caller.max_priority, params.priority):
+        _reject(svc, caller, "max_priority")
+        raise APIError(403, f"priority {params.priority!r} is above what API key {caller.name!r} may ask for "
+                            f"(max_priority {caller.max_priority!r})", param="priority", code="priority_not_allowed")
     active = svc.store.with_status([JobStatus.queued, JobStatus.in_progress])
     queued = sum(job.status is JobStatus.queued for job in active)
     if queued >= svc.settings.max_queued:
@@ -146,7 +154,7 @@ def _job(svc: Services, caller: Caller, model: str, prompt: str, params: JobPara
                                 f"(max_active_jobs {limit}); retry when one finishes", param="max_active_jobs",
                            code="quota_exceeded", headers={"Retry-After": "30"})
     return Job(model=model, prompt=prompt, max_attempts=svc.settings.max_attempts, params=params,
-               owner=caller.name, webhook_url=webhook_url, **fields)
+               owner=caller.name, share=caller.share, webhook_url=webhook_url, **fields)
 
 
 def _check_request_quotas(svc: Services, caller: Caller, request: GenerationRequest) -> None:

@@ -29,7 +29,7 @@ BODY = {"model": "wan-tiny", "prompt": "a red fox", "size": "96x80", "num_frames
         "prompts": ["the fox sits", "the fox runs"], "drift_correction": "none",
         "attention": {"mode": "topk", "density": 0.25, "tile": [2, 4, 4]},
         "cache": {"kind": "first_block", "threshold": 0.1}, "prompt_extend": True, "caption_chain": True,
-        "loras": [{"name": "tiny-style", "scale": 0.5}], "preset": "fast",
+        "loras": [{"name": "tiny-style", "scale": 0.5}], "preset": "fast", "priority": "high",
         "outputs": [{"format": "webm", "fps": 24, "fps_mode": "blend", "quality": 40, "size": "48x40", "name": "web"}]}
 # Multipart carries every field as a string, structured ones as JSON.
 FORM = {k: json.dumps(v) if isinstance(v, (dict, list)) else str(v).lower() if isinstance(v, bool) else str(v)
@@ -62,6 +62,7 @@ WALK = {
     "loras": ((LoraRequest(name="tiny-style", scale=0.5),), "loras", [{"name": "tiny-style", "scale": 0.5,
                                                                          "target": "both"}]),
     "preset": ("fast", "preset", "fast"),
+    "priority": ("high", "priority", "high"),  # remixes keep it: the remixes below name none
     "flow_shift": (2.0, None, None),  # the preset's; the fields the body gives (steps, guidance) win over it
     "seconds": ("5.33333", "seconds", "5.33333"),  # (65 - 1) / 12
     "source_frames": (0, None, None),  # walked by the extension test below

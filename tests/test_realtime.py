@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 import websockets
 from apps import app_client, idle_services
@@ -228,13 +227,15 @@ def test_keys_quotas_and_the_queue_apply_at_session_create(tmp_path):
         with client.websocket_connect("/v1/realtime/video", headers={"Authorization": f"Bearer {key}"}) as first:
             first.send_text(json.dumps(create))
             assert json.loads(first.receive_text())["type"] == "video.created"
-            assert json.loads(first.receive_text()) == {"type": "video.queued", "position": 1}
+            assert json.loads(first.receive_text()) == {"type": "video.queued", "position": 1,
+                                                        "estimated_start_at": None}
             with client.websocket_connect("/v1/realtime/video", subprotocols=["vidserve", f"vidserve.key.{key}"]) \
                     as second:
                 assert second.accepted_subprotocol == "vidserve"  # the key is never echoed
                 second.send_text(json.dumps(create))
                 assert json.loads(second.receive_text())["type"] == "video.created"
-                assert json.loads(second.receive_text()) == {"type": "video.queued", "position": 2}
+                assert json.loads(second.receive_text()) == {"type": "video.queued", "position": 2,
+                                                             "estimated_start_at": None}
                 second.send_text(json.dumps({"type": "prompt.update", "prompt": "still waiting"}))
                 assert json.loads(second.receive_text()) == {"type": "prompt.updated", "from_chunk": 0}
                 bearer = {"Authorization": f"Bearer {key}"}

@@ -135,10 +135,11 @@ def _generation_options(args: argparse.Namespace) -> GenerationOptions:
 
 
 # The generation options `generate` spells its own way (flags in build_parser), and those it
-# does not take: prompt_extend and caption_chain need the LLM path, which only the server runs.
-# Every other option is a flag of its name, made from its declaration.
+# does not take: prompt_extend and caption_chain need the LLM path, which only the server runs,
+# and priority orders a server's queue, which `generate` skips. Every other option is a flag
+# of its name, made from its declaration.
 _OWN_FLAGS = ("prompts", "attention", "cache", "loras")
-_SERVER_ONLY = ("prompt_extend", "caption_chain")
+_SERVER_ONLY = ("prompt_extend", "caption_chain", "priority")
 
 
 def _option_flags() -> dict[str, FieldInfo]:

@@ -12,6 +12,8 @@ role and its own quotas, and holds only the key's SHA-256:
     requests_per_minute = 120
     max_streams = 16              # open event streams, per API process
     max_seconds = 10              # per video; also max_side, max_steps
+    max_priority = "normal"       # the highest priority its jobs may ask for ("high" for admins by default)
+    share = 1.0                   # its weight in the fair share of workers: 2.0 gets twice a 1.0 key's starts
 
 A job records its owner's `name`, never the key. Keys are long random secrets, so a plain
 SHA-256 (not a slow password hash) is enough to keep the file from leaking them.
@@ -30,6 +32,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vidserve.errors import VidserveError, from_validation_error
+from vidserve.priorities import Priority
 
 
 def key_digest(key: str | bytes) -> str:
@@ -50,12 +53,16 @@ class Quotas(BaseModel):
     max_seconds: float | None = Field(None, gt=0, description="Longest video one request may ask for.")
     max_side: int | None = Field(None, gt=0, description="Largest width or height one request may ask for.")
     max_steps: int | None = Field(None, gt=0, description="Most denoising steps one request may ask for.")
+    max_priority: Priority | None = Field(None, description="The highest priority its jobs may ask for "
+                                          "(None: high for admins, normal for users).")
 
 
 class ApiKey(Quotas):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     role: Literal["user", "admin"] = "user"
+    share: float = Field(1.0, gt=0, description="Its weight in the fair share of workers among keys with "
+                         "jobs waiting.")
 
     @field_validator("sha256", mode="before")
     @classmethod
@@ -74,10 +81,16 @@ class Caller(BaseModel):
     name: str | None = None
     role: Literal["user", "admin"] = "admin"
     quotas: Quotas = Quotas()
+    share: float = 1.0
 
     @classmethod
     def of(cls, key: "ApiKey") -> "Caller":
-        return cls(name=key.name, role=key.role, quotas=Quotas.model_validate(key.model_dump(include=_QUOTAS)))
+        return cls(name=key.name, role=key.role, quotas=Quotas.model_validate(key.model_dump(include=_QUOTAS)),
+                   share=key.share)
+
+    @property
+    def max_priority(self) -> Priority:
+        return self.quotas.max_priority or ("high" if self.role == "admin" else "normal")
 
     @property
     def scope(self) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vidserve.loras import LoraRequest
+from vidserve.priorities import Priority
 
 
 # The largest key tile the Triton kernel runs on a GPU (and its default query tile, twice as
@@ -132,7 +133,15 @@ class RepetitionOptions(BaseModel):
                         description="Tokens made only of these characters may repeat.")
 
 
-class GenerationOptions(BaseModel):
+class QueueOptions(BaseModel):
+    """Where a job waits, which every job request (create, extension, remix, realtime session) may say."""
+
+    priority: Priority = Field("normal", description="'low', 'normal' or 'high': among jobs waiting for the same "
+                               "workers, higher ones start first (a running job is never stopped); at most the "
+                               "key's max_priority. A remix that names none keeps its source's.")
+
+
+class GenerationOptions(QueueOptions):
     """The options of one video, as asked: unset ones take the model's or the server's default.
 
     A field added here reaches the API (both request bodies, JSON and multipart), the CLI (a

@@ -21,8 +21,10 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.queue_wait = Histogram("vidserve_queue_wait_seconds", "Time from submission to start of a run.",
-                                    ["model"], buckets=_SECONDS, registry=self.registry)
+        # By API key name (never the key), as the other per-key metrics below.
+        self.queue_wait = Histogram("vidserve_queue_wait_seconds", "Time from submission to start of a run, by "
+                                    "model, priority and API key name.", ["model", "priority", "key"],
+                                    buckets=_SECONDS, registry=self.registry)
         self.run_time = Histogram("vidserve_job_run_seconds", "Time from start to end of a run, by outcome.",
                                   ["model", "status"], buckets=_SECONDS, registry=self.registry)
         self.first_segment = Histogram("vidserve_time_to_first_segment_seconds", "Time from submission until "

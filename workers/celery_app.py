@@ -1,13 +1,20 @@
-"""Celery + Redis: the distributed queue. The API enqueues, one worker per GPU runs.
+"""Celery + Redis: the distributed queue. The API schedules, one worker per GPU runs.
 
 Settings for long GPU jobs: acks_late + reject_on_worker_lost (a message is only done
 when the job is), prefetch 1 and the solo pool (one job at a time, in the process that
 holds the model), and a visibility timeout longer than any job. Each model has its own
-queue, so a worker only takes jobs for the model it holds. Redelivery alone can't
-recover a job whose worker was killed (its message stays unacked for the whole
-visibility timeout), so a lease reaper — in the API and in every worker — re-enqueues
-running jobs whose worker went silent, and the API publishes every queued job again when it
-starts and after Redis restarts; the runner's atomic claim keeps a job from running twice.
+queue, so a worker only takes jobs for the model it holds.
+
+The order is not Celery's: jobs wait in the schedule in Redis (`workers/redis_schedule.py`),
+and a message only wakes a worker of the model, which claims whatever job the fair-share
+policy says is next (one Lua script: every API process and worker agrees on it). One message
+is sent per job scheduled; a message that finds nothing left is done.
+
+Redelivery alone can't recover a job whose worker was killed (its message stays unacked for
+the whole visibility timeout), so a lease reaper — in the API and in every worker — schedules
+again running jobs whose worker went silent (first in their priority), and queued jobs missing
+from the schedule; the API wakes the workers for every queued job again when it starts and
+after Redis restarts; the runner's atomic start keeps a job from running twice.
 Each worker also keeps a heartbeat in Redis, so the API refuses a job for a model no worker
 holds instead of queueing it where nobody listens.
 """
@@ -24,17 +31,20 @@ from celery import Celery
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStatus, JobStore
 from vidserve.jobs.redis_persistence import require_durable
+from vidserve.jobs.standing import Running, Standing
+from vidserve.jobs.store_redis import RedisJobStore
 from vidserve.registry import resolve_local
 from vidserve.storage import open_storage
 from vidserve.telemetry import Metrics
 from vidserve.webhooks import WebhookSender, announce, build_sender
 
 from .prompt_writer import HTTPWriter
+from .redis_schedule import RedisSchedule
 from .runner import JobRunner, recover_lost_jobs
 
 log = logging.getLogger("vidserve.celery")
 
-TASK = "vidserve.run_video_job"
+TASK = "vidserve.run_next_job"  # its one argument: the model whose next job to run
 
 
 def queue_name(model: str) -> str:
@@ -89,8 +99,8 @@ class Heartbeat:
             log.warning("heartbeat failed", exc_info=True)
 
 
-def enqueue(app: Celery, job: Job) -> None:
-    app.send_task(TASK, args=[job.id], queue=queue_name(job.model))
+def wake(app: Celery, model: str) -> None:
+    app.send_task(TASK, args=[model], queue=queue_name(model))
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -114,16 +124,17 @@ def make_celery(settings: Settings) -> Celery:
 
 
 class LeaseReaper:
-    """Every third of a lease, re-enqueue running jobs whose worker stopped renewing. With
-    `republish`, also publish every queued job again at start and after each restart of the
-    store: an API killed between marking a job queued (a submission, a requeue) and publishing
-    its message, or a Redis crash that lost the message but kept the record, would otherwise
-    leave a queued job no worker ever hears of. A job delivered twice still runs once (the
-    runner's atomic claim)."""
+    """Every third of a lease, schedule again running jobs whose worker stopped renewing, and
+    queued jobs missing from the schedule (a process killed between storing a job and
+    scheduling it, or between claiming it and starting it), waking a worker for each. With
+    `republish`, also wake the workers for every queued job at start and after each restart of
+    the store: a Redis crash may lose a message but keep the record. A job scheduled twice
+    still runs once (the claim drops an id no longer queued; the runner's atomic start)."""
 
-    def __init__(self, store: JobStore, submit, announce, lease_seconds: float, republish: bool = False):
-        self.store, self.submit, self.announce, self.interval = store, submit, announce, lease_seconds / 3
-        self.republish = republish
+    def __init__(self, store: JobStore, schedule: RedisSchedule, wake, announce, lease_seconds: float,
+                 republish: bool = False):
+        self.store, self.schedule, self.wake = store, schedule, wake
+        self.announce, self.interval, self.republish = announce, lease_seconds / 3, republish
         self._incarnation: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="vidserve-lease-reaper", daemon=True)
@@ -146,6 +157,7 @@ class LeaseReaper:
                 if self.republish and self.store.incarnation() != self._incarnation:
                     log.warning("the job store restarted: publishing every queued job again")
                     self._publish_queued()
+                self._schedule_missing()
                 for job in recover_lost_jobs(self.store):
                     log.warning("job %s lost its worker (attempt %d): %s", job.id, job.attempts, job.status.value)
                     if job.status is JobStatus.queued:
@@ -155,6 +167,17 @@ class LeaseReaper:
             except Exception:  # Redis away for a moment: try again next round
                 log.warning("lease check failed", exc_info=True)
 
+    def submit(self, job: Job) -> None:
+        self.schedule.add(job)
+        self.wake(job.model)
+
+    def _schedule_missing(self) -> None:
+        for job in self.store.with_status([JobStatus.queued]):
+            if self.schedule.add(job):
+                # Mostly a job claimed a moment ago and not yet started: the claim drops it again.
+                log.info("job %s was queued but not in the schedule: scheduled", job.id)
+                self.wake(job.model)
+
     def _publish_queued(self) -> None:
         incarnation = self.store.incarnation()  # read first: a restart during the loop is seen next round
         for job in self.store.with_status([JobStatus.queued]):
@@ -163,30 +186,41 @@ class LeaseReaper:
 
 
 class CeleryQueue:
-    """The API side: enqueue jobs on their model's queue; watch for lost ones."""
+    """The API side: schedule jobs and wake their model's workers; watch for lost ones."""
 
-    def __init__(self, settings: Settings, store: JobStore, webhooks: WebhookSender):
+    def __init__(self, settings: Settings, store: RedisJobStore, webhooks: WebhookSender):
         self.app, self.store = make_celery(settings), store
-        self.reaper = LeaseReaper(store, self.submit, lambda job: announce(webhooks, settings, job),
-                                  settings.lease_seconds, republish=True)
+        self.schedule = RedisSchedule(store, settings.priority_aging_seconds)
+        self.reaper = LeaseReaper(store, self.schedule, lambda model: wake(self.app, model),
+                                  lambda job: announce(webhooks, settings, job), settings.lease_seconds, republish=True)
         self.redis = redis.Redis.from_url(settings.redis_url)
-        self._served: dict[str, tuple[float, bool]] = {}  # model -> (when read, a live worker holds it)
+        self._workers: dict[str, tuple[float, int]] = {}  # model -> (when read, its live workers)
 
     def start(self) -> None:
         self.reaper.start()
 
     def submit(self, job: Job) -> None:
-        enqueue(self.app, job)
+        self.reaper.submit(job)
 
     def serves(self, model: str) -> bool:
         """Whether a live worker holds `model`: one whose heartbeat has not lapsed."""
-        cached = self._served.get(model)
+        return self._live_workers(model) > 0
+
+    def standings(self, model: str) -> dict[str, Standing]:
+        active = [job for job in self.store.with_status([JobStatus.queued, JobStatus.in_progress])
+                  if job.model == model]
+        queued = [job.id for job in active if job.status is JobStatus.queued]
+        running = [Running(job.model, job.started_at) for job in active if job.status is JobStatus.in_progress]
+        return self.schedule.standings(model, queued, running, max(self._live_workers(model), len(running)))
+
+    def _live_workers(self, model: str) -> int:
+        cached = self._workers.get(model)
         if cached is not None and time.monotonic() - cached[0] < PRESENCE_CACHE_SECONDS:
             return cached[1]
         now, _ = self.redis.time()
-        served = self.redis.zcount(presence_key(model), now, "+inf") > 0
-        self._served[model] = (time.monotonic(), served)
-        return served
+        live = self.redis.zcount(presence_key(model), now, "+inf")
+        self._workers[model] = (time.monotonic(), live)
+        return live
 
     @property
     def alive(self) -> bool:
@@ -198,7 +232,6 @@ class CeleryQueue:
 
 def run_worker(settings: Settings, model: str, metrics_port: int | None = None) -> int:
     """One worker process: load the model, then take its jobs one at a time."""
-    from vidserve.jobs.store_redis import RedisJobStore
     from vidserve.pipelines.video import get_pipeline
 
     volatile = require_durable(settings.redis_url, settings.allow_volatile_redis)  # before any model loads
@@ -216,12 +249,20 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
     get_pipeline(spec, settings.device, settings.dtype, settings.load)  # resident before the first job arrives
 
     app = make_celery(settings)
+    schedule = RedisSchedule(store, settings.priority_aging_seconds)
 
     @app.task(name=TASK)
-    def run_video_job(job_id: str) -> None:
-        runner.run(job_id)
+    def run_next_job(_model: str) -> None:
+        # One job per message. A claimed job that does not run (cancelled or started meanwhile)
+        # hands its turn to the next: the message stands for a job still waiting.
+        while (job_id := schedule.claim(spec.name)) is not None:
+            done = runner.run(job_id)
+            if done is not None:
+                if done.status is JobStatus.completed:
+                    schedule.record_duration(spec.name, done.completed_at - done.started_at)
+                return
 
-    reaper = LeaseReaper(store, lambda job: enqueue(app, job),
+    reaper = LeaseReaper(store, schedule, lambda model: wake(app, model),
                          lambda job: announce(runner.webhooks, settings, job), settings.lease_seconds)
     reaper.start()
     heartbeat = Heartbeat(settings.redis_url, spec.name, runner.worker_id)

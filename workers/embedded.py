@@ -1,44 +1,70 @@
 """The embedded queue: one worker thread in the server process, jobs in the JobStore.
 
-`vidserve serve` needs no service at all with it. Jobs run one at a time, oldest
-first. On start it picks up what a previous process left behind: queued jobs wait
-their turn again, jobs that were running when it died are recovered (run again or,
-with their attempts used up, failed). After each job it does the same for a job the
-runner gave up during an outage, which Celery's lease reaper would recover there.
+`vidserve serve` needs no service at all with it. Jobs run one at a time, in the order the
+fair-share policy gives (`workers/fair_share.py`: priority with aging, then the least served
+key's oldest job), over every queued job: all models share the one worker, so they share one
+line. The line is read from the store at each pick, so a restart loses nothing but the keys'
+recent starts. On start it recovers jobs that were running when a previous process died (run
+again or, with their attempts used up, failed). After each job it does the same for a job
+the runner gave up during an outage, which Celery's lease reaper would recover there.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+import time
+from collections import deque
 
 from vidserve import jobs
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore
 from vidserve.jobs.outages import OUTAGES
+from vidserve.jobs.standing import RECENT_JOBS, Running, Standing, mean_durations, standings
 from vidserve.webhooks import announce
 
+from .fair_share import Entry, Fairness, next_entry, start_order
 from .runner import JobRunner
 
 log = logging.getLogger("vidserve.embedded")
+
+OUTAGE_PAUSE = 1.0  # seconds between looks at a job store that is out of reach
 
 
 class EmbeddedQueue:
     def __init__(self, store: JobStore, runner: JobRunner):
         self.store = store
         self.runner = runner
-        self._ids: queue.Queue[str | None] = queue.Queue()
+        self.aging_seconds = runner.settings.priority_aging_seconds
+        self._fairness = Fairness()
+        self._recent: dict[str, deque[float]] = {}  # model -> its last completed jobs' run seconds
+        self._running: tuple[str, Running] | None = None  # (job id, what it runs) from its pick to its end
+        self._wake = threading.Condition()  # held while picking: a submission then waits for the pick's wait
+        self._stopping = False
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self._recover("was running when the server stopped")
-        for job in self.store.with_status([JobStatus.queued]):
-            self._ids.put(job.id)
         self._thread = threading.Thread(target=self._work, name="vidserve-embedded-worker", daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        self._ids.put(job.id)
+        """The job is in the store already: wake the worker if it waits for one."""
+        with self._wake:
+            self._wake.notify()
+
+    def standings(self, model: str) -> dict[str, Standing]:
+        """Every queued job's place in the one line, whatever `model`, and its estimated start."""
+        queued = self._queued()
+        with self._wake:
+            fairness, running, durations = self._fairness.copy(), self._running, mean_durations(self._recent)
+        now = time.time()
+        models = {job.id: job.model for job in queued}
+        # Picked but not yet started, a job still shows queued: it is first in line, and nothing runs before it.
+        starting = [running[0]] if running is not None and running[0] in models else []
+        waiting = [Entry.of(job) for job in queued if job.id not in starting]
+        order = [*starting, *(entry.id for entry in start_order(waiting, fairness, now, self.aging_seconds))]
+        runs = [running[1]] if running is not None and not starting else []
+        return standings([(job_id, models[job_id]) for job_id in order], runs, durations, 1, now)
 
     @property
     def alive(self) -> bool:
@@ -46,9 +72,34 @@ class EmbeddedQueue:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop taking jobs. A job still running when the process exits is recovered on the next start."""
-        self._ids.put(None)
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def _queued(self) -> list[Job]:
+        return self.store.with_status([JobStatus.queued])
+
+    def _next(self) -> Job | None:
+        """The next job by the policy, charged to its key; waits while none is queued. None: stopping."""
+        with self._wake:
+            while not self._stopping:
+                try:
+                    queued = self._queued()
+                except OUTAGES as exc:  # the store is away: look again shortly
+                    log.warning("could not read the queue: %s", exc)
+                    self._wake.wait(OUTAGE_PAUSE)
+                    continue
+                chosen = next_entry([Entry.of(job) for job in queued], self._fairness, time.time(),
+                                    self.aging_seconds)
+                if chosen is not None:
+                    self._fairness.charge(chosen)
+                    job = next(job for job in queued if job.id == chosen.id)
+                    self._running = (job.id, Running(job.model, time.time()))
+                    return job
+                self._wake.wait()
+            return None
 
     def _recover(self, how: str) -> list[Job]:
         """Run again (or fail) every running job: this process is the only worker, so when it
@@ -64,17 +115,18 @@ class EmbeddedQueue:
         return recovered
 
     def _work(self) -> None:
-        while True:
-            job_id = self._ids.get()
-            if job_id is None:
-                return
+        while (job := self._next()) is not None:
+            done = None
             try:
-                self.runner.run(job_id)
+                done = self.runner.run(job.id)
             except Exception:  # the runner already records failures; this guards the thread itself
-                log.exception("runner crashed on %s", job_id)
+                log.exception("runner crashed on %s", job.id)
+            with self._wake:
+                self._running = None
+                if done is not None and done.status is JobStatus.completed:
+                    recent = self._recent.setdefault(job.model, deque(maxlen=RECENT_JOBS))
+                    recent.append(done.completed_at - done.started_at)
             try:
-                for job in self._recover("was given up during an outage"):
-                    if job.status is JobStatus.queued:
-                        self.submit(job)
+                self._recover("was given up during an outage")  # queued again: the next pick sees it
             except OUTAGES as exc:  # the store is still away: the next job, or a restart, recovers it
                 log.warning("could not recover jobs given up during an outage: %s", exc)

@@ -40,7 +40,7 @@ from vidserve.media.quality import output_warnings
 from vidserve.requests import GenerationRequest
 from vidserve.media.spritesheet import save_spritesheet
 from vidserve.storage import Storage, StorageUnavailable
-from vidserve.telemetry import Metrics
+from vidserve.telemetry import ANONYMOUS_LABEL, Metrics
 from vidserve.webhooks import WebhookSender, announce, announce_chunk
 
 from .prompt_writer import PromptWriter
@@ -78,7 +78,8 @@ class JobRunner:
             job = self._write(job_id, jobs.start(self.worker_id, self.settings.lease_seconds))
         except (JobNotFound, InvalidTransition):
             return None  # deleted, cancelled, or already taken by another delivery
-        self.metrics.queue_wait.labels(job.model).observe(job.started_at - job.created_at)
+        self.metrics.queue_wait.labels(job.model, job.params.priority, job.owner or ANONYMOUS_LABEL).observe(
+            job.started_at - job.created_at)
         stop_heartbeat = self._keep_lease(job_id)
         try:
             job = self._generate(job)

@@ -5,7 +5,8 @@ The client sends JSON text messages: `session.create` (any field `POST /v1/video
 without `seconds` the session runs to `VIDSERVE_REALTIME_MAX_SECONDS`), `prompt.update`
 (the prompt of every chunk not yet begun; acknowledged with `prompt.updated` and the chunk it
 applies from) and `session.stop` (the video ends after the chunk under way and completes).
-The server sends `video.created`, `video.queued` (the place in the queue, while it waits),
+The server sends `video.created`, `video.queued` (while it waits, each time its place in line
+changes: `position` and `estimated_start_at`),
 `video.progress`, then its stream as binary fMP4: the init segment once, and for each chunk a
 `chunk.done` text message followed by the chunk's fragment; last `video.completed`,
 `video.failed` or `video.cancelled` with the video, and it closes. Closing the socket cancels
@@ -170,7 +171,7 @@ class Session:
                                  param="seconds")
         job = await run_in_threadpool(submit_video, self.svc, self.caller, body, image_bytes)
         self.video_id = job.id
-        await self._send({"type": "video.created", "video": self._video(job)})
+        await self._send({"type": "video.created", "video": await self._video(job)})
 
     async def _update_prompt(self, message: dict[str, Any]) -> None:
         prompt = message.get("prompt")
@@ -193,16 +194,17 @@ class Session:
                 await self._send({"type": "video.deleted", "video_id": video_id})
                 return
             if job.status is JobStatus.queued:
-                now = await run_in_threadpool(queue_position, self.svc, job)
-                if now != position:
-                    position = now
-                    await self._send({"type": "video.queued", "position": position})
+                video = await self._video(job)
+                if video["queue_position"] != position:
+                    position = video["queue_position"]
+                    await self._send({"type": "video.queued", "position": position,
+                                      "estimated_start_at": video["estimated_start_at"]})
             elif job.progress != progress:
                 progress = job.progress
                 await self._send({"type": "video.progress", "progress": progress, "stage": job.stage})
             await self._send_segments(job, sent)
             if job.status.terminal:
-                await self._send({"type": f"video.{job.status.value}", "video": self._video(job)})
+                await self._send({"type": f"video.{job.status.value}", "video": await self._video(job)})
                 return
             await asyncio.sleep(POLL_SECONDS)
 
@@ -224,8 +226,8 @@ class Session:
         except JobNotFound:
             pass
 
-    def _video(self, job: Job) -> dict[str, Any]:
-        return self.svc.video(job).model_dump(mode="json")
+    async def _video(self, job: Job) -> dict[str, Any]:
+        return (await run_in_threadpool(self.svc.video, job)).model_dump(mode="json")
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.ws.send_text(json.dumps(message))
@@ -233,8 +235,3 @@ class Session:
     async def _error(self, code: str, message: str, param: str | None = None) -> None:
         await self._send({"type": "error", "code": code, "message": message, "param": param})
 
-
-def queue_position(svc: Services, job: Job) -> int:
-    """1 for the next job of its model to run, 2 for the one after, and so on."""
-    queued = svc.store.with_status([JobStatus.queued])
-    return max(1, sum(1 for j in queued if j.model == job.model and j.created_at <= job.created_at))

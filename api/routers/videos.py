@@ -47,7 +47,7 @@ async def create_video(request: Request, svc: Services = Depends(services), call
     job = await run_in_threadpool(submit_video, svc, caller, body, files.get("input_reference"),
                                   idempotency_key=idempotency_key,
                                   request_hash=request_hash(fields, files) if idempotency_key else None)
-    return svc.video(job)
+    return await run_in_threadpool(svc.video, job)
 
 
 @router.post("/extensions", response_model=VideoObject)
@@ -56,7 +56,7 @@ async def extend_video(request: Request, svc: Services = Depends(services), call
     fields, files = await read_body(request, svc.settings.max_upload_bytes, ("video",))
     body = validate(VideoExtend, fields)
     job = await run_in_threadpool(submit_extension, svc, caller, body, files.get("video"))
-    return svc.video(job)
+    return await run_in_threadpool(svc.video, job)
 
 
 @router.get("", response_model=VideoList)
@@ -67,7 +67,7 @@ async def list_videos(svc: Services = Depends(services), caller: Caller = Depend
         page, has_more = await run_in_threadpool(svc.store.list, after, limit, order, caller.scope)
     except JobNotFound:
         raise APIError(400, f"after: no video with id {echo(after)}", param="after") from None
-    return VideoList.of([svc.video(job) for job in page], has_more)
+    return VideoList.of(await run_in_threadpool(svc.videos, page), has_more)
 
 
 def _get(svc: Services, caller: Caller, video_id: str) -> Job:
@@ -80,7 +80,7 @@ def _get(svc: Services, caller: Caller, video_id: str) -> Job:
 
 @router.get("/{video_id}", response_model=VideoObject)
 async def retrieve_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
-    return svc.video(await run_in_threadpool(_get, svc, caller, video_id))
+    return await run_in_threadpool(lambda: svc.video(_get(svc, caller, video_id)))
 
 
 @router.post("/{video_id}/cancel", response_model=VideoObject)
@@ -94,7 +94,7 @@ async def cancel_video(video_id: str, svc: Services = Depends(services), caller:
         raise not_found(video_id) from None
     if job.status is JobStatus.cancelled:  # it was still queued; a running job is announced by its worker
         announce(svc.webhooks, svc.settings, job)
-    return svc.video(job)
+    return await run_in_threadpool(svc.video, job)
 
 
 @router.delete("/{video_id}", response_model=VideoDeleted)
@@ -169,17 +169,18 @@ async def remix_video(video_id: str, request: Request, svc: Services = Depends(s
     fields, _ = await read_body(request, svc.settings.max_upload_bytes, ())
     remix = validate(VideoRemix, fields)
     source = await run_in_threadpool(_get, svc, caller, video_id)
-    job = await run_in_threadpool(submit_remix, svc, caller, source, remix.prompt, remix.outputs)
-    return svc.video(job)
+    job = await run_in_threadpool(submit_remix, svc, caller, source, remix.prompt, remix.priority
+                                  if "priority" in remix.model_fields_set else None, remix.outputs)
+    return await run_in_threadpool(svc.video, job)
 
 
 @router.get("/{video_id}/events")
 async def video_events(video_id: str, request: Request, svc: Services = Depends(services),
                        caller: Caller = Depends(authenticate)):
-    """Server-Sent Events: `video.<status>` on each status change, `video.progress` as steps
-    complete, as the stage turns to `encoding` and as each rendition is stored, `chunk.completed`
-    as each chunk of a long video becomes downloadable, ending after the terminal event
-    (completed, failed or cancelled)."""
+    """Server-Sent Events: `video.<status>` on each status change, `video.queued` again as its
+    place in line changes, `video.progress` as steps complete, as the stage turns to `encoding`
+    and as each rendition is stored, `chunk.completed` as each chunk of a long video becomes
+    downloadable, ending after the terminal event (completed, failed or cancelled)."""
     await run_in_threadpool(_get, svc, caller, video_id)
 
     async def stream():
@@ -198,10 +199,12 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
                                                      "url": f"/v1/videos/{video_id}/content?variant=chunk"
                                                             f"&index={chunk['index']}",
                                                      "segment": segment_path(video_id, segment)})
-            now = (job.status, job.progress, job.stage)
+            video = await run_in_threadpool(svc.video, job)
+            now = (job.status, job.progress, job.stage, video.queue_position)
             if now != last:
-                kind = "video.progress" if last is not None and job.status == last[0] else f"video.{job.status.value}"
-                yield _event(kind, svc.video(job).model_dump(mode="json"))
+                moved = last is not None and job.status == last[0] and job.status is not JobStatus.queued
+                kind = "video.progress" if moved else f"video.{job.status.value}"
+                yield _event(kind, video.model_dump(mode="json"))
                 last, idle = now, 0.0
             if job.status.terminal or await request.is_disconnected():
                 return

@@ -8,7 +8,7 @@ const form = $("job-form");
 const error = $("job-error");
 const KINDS = { t2v: "text-to-video", i2v: "image-to-video", ti2v: "text/image-to-video" };
 const models = new Map();
-// The job shown in the live panel: {id, controller, urls, chunks, status, cancelling, stream}
+// The job shown in the live panel: {id, controller, urls, chunks, status, position, cancelling, stream}
 let live = null;
 let busy = false;
 let statusChanged = () => {};
@@ -153,7 +153,8 @@ function follow(video) {
     live.stream?.close();
     for (const url of live.urls) URL.revokeObjectURL(url);
   }
-  live = { id: video.id, controller: new AbortController(), urls: [], chunks: new Set(), status: null, stream: null };
+  live = { id: video.id, controller: new AbortController(), urls: [], chunks: new Set(), status: null, position: null,
+           stream: null };
   $("live").hidden = false;
   $("live-id").textContent = video.id;
   $("live-chunks").replaceChildren();
@@ -233,9 +234,10 @@ function render(video) {
   progress.value = video.progress ?? 0;
   $("live-percent").textContent = `${progress.value}%`;
   $("live-prompt").textContent = video.prompt ?? "";
-  // The live region speaks on status changes only, not on every percent.
-  if (video.status !== live.status) {
+  // The live region speaks on status changes and moves in line only, not on every percent.
+  if (video.status !== live.status || video.queue_position !== live.position) {
     live.status = video.status;
+    live.position = video.queue_position;
     $("live-status").textContent = statusText(video, false);
     showWarnings(video.warnings ?? []); // they come with the completed status, so change only with it
     // The stream makes way for the downloadable video (watch) at once: a completed job's player

@@ -5,7 +5,7 @@
 import * as api from "./api.js";
 import { formFields } from "./job.js";
 import { StreamPlayer } from "./stream.js";
-import { $, fitPixels, isEnabled, setEnabled } from "./ui.js";
+import { $, fitPixels, isEnabled, placeInLine, setEnabled } from "./ui.js";
 
 // Browsers cannot set an Authorization header on a WebSocket: the key rides as a subprotocol.
 const KEY_PROTOCOL = "vidserve.key.";
@@ -83,7 +83,7 @@ function receive(current, data) {
     current.state = message.video.status;
     statusChanged(message.video);
   } else if (message.type === "video.queued") {
-    current.state = `queued, ${message.position === 1 ? "next" : `number ${message.position}`} in line`;
+    current.state = `queued, ${placeInLine(message.position, message.estimated_start_at)}`;
   } else if (message.type === "video.progress") {
     current.state = `in progress · ${message.progress}%`;
   } else if (message.type === "chunk.done") {

@@ -42,10 +42,21 @@ const STATUS = { queued: "queued", in_progress: "in progress", completed: "compl
 
 export function statusText(video, withPercent = true) {
   let text = STATUS[video.status] ?? video.status;
+  if (video.status === "queued" && video.queue_position) {
+    text += `, ${placeInLine(video.queue_position, video.estimated_start_at)}`;
+  }
   if (video.status === "in_progress" && withPercent) text += ` · ${video.progress}%`;
   if (video.status === "completed" && video.completed_at) text += ` in ${video.completed_at - video.created_at} s`;
   if (video.status === "failed" && video.error) text += `: ${video.error.message}`;
   return text;
+}
+
+// "next in line, starts in about 20 s": a waiting job's place, and its estimate when the server has one.
+export function placeInLine(position, estimatedStartAt) {
+  const place = position === 1 ? "next in line" : `number ${position} in line`;
+  if (!estimatedStartAt) return place;
+  const wait = Math.max(0, Math.round(estimatedStartAt - Date.now() / 1000));
+  return `${place}, starts in about ${wait} s`;
 }
 
 const secs = (x) => `${x < 10 ? x.toFixed(2) : x.toFixed(1)} s`;

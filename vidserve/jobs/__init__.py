@@ -88,6 +88,7 @@ class Job(BaseModel):
     metadata: dict[str, str] | None = None
     remixed_from_video_id: str | None = None
     owner: str | None = None  # the name of the API key that made it (None: a server without keys)
+    share: float = 1.0  # its owner's weight in the fair share of workers, as the keys file said at submission
 
     @field_validator("attention_effective", mode="before")
     @classmethod

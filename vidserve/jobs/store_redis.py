@@ -61,11 +61,11 @@ class RedisJobStore(JobStore):
     def _jobs_key(self, owner: str | None) -> str:
         return self._key("owner", owner) if owner is not None else self._key("jobs")
 
-    def _status_key(self, status: JobStatus) -> str:
+    def status_key(self, status: JobStatus) -> str:
         return self._key("status", JobStatus(status).value)
 
     def create(self, job: Job) -> tuple[Job, bool]:
-        keys = [self._key("job", job.id), self._key("jobs"), self._key("seq"), self._status_key(job.status),
+        keys = [self._key("job", job.id), self._key("jobs"), self._key("seq"), self.status_key(job.status),
                 self._jobs_key(job.owner) if job.owner is not None else ""]
         if job.idempotency_key is not None:
             keys.append(self._key("idem", job.idempotency_key))
@@ -95,7 +95,7 @@ class RedisJobStore(JobStore):
             pipe.multi()
             pipe.set(key, job.model_dump_json())
             if job.status != before:
-                pipe.smove(self._status_key(before), self._status_key(job.status), job_id)
+                pipe.smove(self.status_key(before), self.status_key(job.status), job_id)
             return job
 
         return self._redis.transaction(attempt, key, value_from_callable=True)
@@ -113,7 +113,7 @@ class RedisJobStore(JobStore):
             pipe.zrem(self._key("jobs"), job_id)
             if job.owner is not None:
                 pipe.zrem(self._jobs_key(job.owner), job_id)
-            pipe.srem(self._status_key(job.status), job_id)
+            pipe.srem(self.status_key(job.status), job_id)
             if job.idempotency_key is not None:
                 # A stored job always owns its key (create refuses a taken one), so free it.
                 pipe.delete(self._key("idem", job.idempotency_key))
@@ -137,7 +137,7 @@ class RedisJobStore(JobStore):
         return self._load(ids[:limit]), len(ids) > limit
 
     def with_status(self, statuses: Iterable[JobStatus]) -> list[Job]:
-        keys = [self._status_key(s) for s in statuses]
+        keys = [self.status_key(s) for s in statuses]
         ids = list(self._redis.sunion(keys)) if keys else []
         if not ids:
             return []
@@ -148,7 +148,7 @@ class RedisJobStore(JobStore):
     def count_by_status(self) -> dict[JobStatus, int]:  # without loading every job, as the default would
         with self._redis.pipeline(transaction=True) as pipe:
             for status in JobStatus:
-                pipe.scard(self._status_key(status))
+                pipe.scard(self.status_key(status))
             return dict(zip(JobStatus, pipe.execute()))
 
     def _load(self, ids: list[str]) -> list[Job]:

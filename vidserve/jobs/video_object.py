@@ -9,8 +9,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vidserve.jobs import Job, JobError, JobStatus
+from vidserve.jobs.standing import Standing
 from vidserve.loras import LoraRequest
 from vidserve.media.quality import OutputWarning
+from vidserve.priorities import Priority
 
 
 class VideoChunk(BaseModel):
@@ -40,6 +42,12 @@ class VideoObject(BaseModel):
     size: str
     remixed_from_video_id: str | None
     error: JobError | None
+    priority: Priority
+    queue_position: int | None = Field(description="While queued: its place in line, 1 for the next job to start "
+                                       "on its model's workers; null once it starts.")
+    estimated_start_at: int | None = Field(description="While queued: when it should start (unix time), from its "
+                                           "model's recent job durations and the jobs ahead; null once it starts, "
+                                           "or before the model has run a job.")
     # Extensions: what exactly was generated, and how it went.
     warnings: list[OutputWarning] = Field(description="A completed video that looks wrong: blank, flat, frozen.")
     negative_prompt: str | None
@@ -70,8 +78,9 @@ class VideoObject(BaseModel):
     metadata: dict[str, str] | None
 
     @classmethod
-    def of(cls, job: Job, stream_token: str | None = None) -> "VideoObject":
-        """`stream_token`: what the stream URL carries, on a server with keys."""
+    def of(cls, job: Job, stream_token: str | None = None, standing: Standing | None = None) -> "VideoObject":
+        """`stream_token`: what the stream URL carries, on a server with keys; `standing`: where a
+        queued job stands in its line."""
         p = job.params
         frames, seconds = p.source_frames + p.num_frames, p.seconds
         if job.status is JobStatus.completed and job.stop_after_chunks is not None:  # a session stopped early
@@ -84,6 +93,8 @@ class VideoObject(BaseModel):
             created_at=int(job.created_at), completed_at=_unix(job.completed_at), expires_at=_unix(job.expires_at),
             prompt=job.prompt, seconds=seconds, size=f"{p.width}x{p.height}",
             remixed_from_video_id=job.remixed_from_video_id, error=job.error, warnings=job.warnings,
+            priority=p.priority, queue_position=standing.position if standing else None,
+            estimated_start_at=_unix(standing.estimated_start_at) if standing else None,
             negative_prompt=p.negative_prompt or None, num_frames=frames, fps=p.fps, num_inference_steps=p.steps,
             guidance_scale=p.guidance, seed=p.seed,
             attention={**p.attention.model_dump(), "effective": job.attention_effective},
