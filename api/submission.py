@@ -83,8 +83,8 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     # Renditions of the whole extended video.
     outputs = resolve_outputs(body.outputs, request.width, request.height, request.fps, total, svc.settings)
     params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=source_frames, outputs=outputs)
-    job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url, webhook_events=body.webhook_events,
-               metadata=body.metadata,
+    job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url,
+               webhook_events=body.webhook_events, metadata=body.metadata,
                extends_video_id=body.video.id if body.video else None)
     source_key = f"{job.id}/source.mp4"
     job.source_video_key = (svc.storage.copy(source_job.outputs["video"], source_key) if body.video is not None

@@ -1,5 +1,5 @@
 """Distil wan-shapes' 20-step guided sampling into a 4-step LoRA without guidance:
-`python -m training.distill` (about half an hour on 2 CPU cores).
+`python -m training.distill` (about 50 minutes on 2 CPU cores).
 
 The method is rectified-flow distillation ("reflow": Liu et al., Flow Straight and Fast, 2022;
 InstaFlow, 2023) on teacher pairs computed once:
