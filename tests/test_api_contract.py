@@ -102,8 +102,8 @@ def test_progress_streams_in_order(http):
                 kind = line[len("event: "):]
             elif line.startswith("data: "):
                 events.append((kind, json.loads(line[len("data: "):])))
-    assert [data["index"] for kind, data in events if kind == "chunk.completed"] == [0]
-    events = [(kind, data) for kind, data in events if kind.startswith("video.")]
+    assert [data["index"] for kind, data in events if kind == "video.chunk"] == [0]
+    events = [(kind, data) for kind, data in events if kind.startswith("video.") and kind != "video.chunk"]
     kinds = [k for k, _ in events]
     progress = [data["progress"] for _, data in events]
     assert kinds[-1] == "video.completed" and progress[-1] == 100
@@ -260,7 +260,7 @@ def test_long_video_streams_chunks_as_they_finish(http, tmp_path):
         for line in stream.iter_lines():
             if line.startswith("event: "):
                 kind = line[len("event: "):]
-            elif line.startswith("data: ") and kind == "chunk.completed":
+            elif line.startswith("data: ") and kind == "video.chunk":
                 event = json.loads(line[len("data: "):])
                 chunk_events.append(event["index"])
                 if not first_chunk_checked:

@@ -179,7 +179,7 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
                        caller: Caller = Depends(authenticate)):
     """Server-Sent Events: `video.<status>` on each status change, `video.queued` again as its
     place in line changes, `video.progress` as steps complete, as the stage turns to `encoding`
-    and as each rendition is stored, `chunk.completed` as each chunk of a long video becomes
+    and as each rendition is stored, `video.chunk` as each chunk of a long video becomes
     downloadable, ending after the terminal event (completed, failed or cancelled)."""
     await run_in_threadpool(_get, svc, caller, video_id)
 
@@ -194,11 +194,11 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
                 if chunk["index"] not in announced:
                     announced.add(chunk["index"])
                     segment = next((s["name"] for s in job.segments if s["name"] == f"{chunk['index']}.m4s"), None)
-                    yield _event("chunk.completed", {"video_id": video_id, "index": chunk["index"],
-                                                     "frames": chunk["frames"], "drift": chunk["drift"],
-                                                     "url": f"/v1/videos/{video_id}/content?variant=chunk"
-                                                            f"&index={chunk['index']}",
-                                                     "segment": segment_path(video_id, segment)})
+                    yield _event("video.chunk", {"video_id": video_id, "index": chunk["index"],
+                                                 "frames": chunk["frames"], "drift": chunk["drift"],
+                                                 "url": f"/v1/videos/{video_id}/content?variant=chunk"
+                                                        f"&index={chunk['index']}",
+                                                 "segment": segment_path(video_id, segment)})
             video = await run_in_threadpool(svc.video, job)
             now = (job.status, job.progress, job.stage, video.queue_position)
             if now != last:

@@ -193,7 +193,7 @@ async function watch(job, video) {
       const response = await api.request(`v1/videos/${job.id}/events`, { signal: job.controller.signal });
       for await (const { event, data } of api.events(response)) {
         if (live !== job) return;
-        if (event === "chunk.completed") addChunk(job, data.index, data.frames, data.drift);
+        if (event === "video.chunk") addChunk(job, data.index, data.frames, data.drift);
         else if (event === "video.deleted") {
           $("live-status").textContent = "deleted";
           return;
