@@ -20,9 +20,9 @@ from vidserve.options import GenerationOptions
 FOX = ["generate", "a red fox in snow", "--size", "64x64", "--seconds", "2", "--fps", "16", "--steps", "4", "-q"]
 
 
-def vidserve(*args, cwd=None):
+def vidserve(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "vidserve.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+                          env={**os.environ, **(env or {})}, timeout=300)
 
 
 def generate(tmp_path, name, *args):
@@ -184,9 +184,10 @@ def test_models_lists_the_registry():
 
 
 def test_serving_a_public_address_needs_keys_or_an_explicit_flag(tmp_path):
-    result = vidserve("serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path))
-    assert result.returncode == 2
-    assert result.stderr.strip().startswith("vidserve: error: refusing to serve 0.0.0.0 without API keys")
+    for flags, env in ((["--host", "0.0.0.0"], {}), ([], {"VIDSERVE_HOST": "0.0.0.0"})):  # a container's way
+        result = vidserve("serve", *flags, "--data-dir", str(tmp_path), env=env)
+        assert result.returncode == 2
+        assert result.stderr.strip().startswith("vidserve: error: refusing to serve 0.0.0.0 without API keys")
 
 
 def test_long_video_chains_chunks_and_writes_a_report(tmp_path):

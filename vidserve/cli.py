@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    names = ("device", "dtype", "data_dir", "storage", "queue", "redis_url", "allow_volatile_redis", "chat_model",
+    names = ("host", "device", "dtype", "data_dir", "storage", "queue", "redis_url", "allow_volatile_redis", "chat_model",
              "chat_url", "quantization", "compile", "offload", "vae_tiling")
     overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     base = get_settings()
@@ -289,8 +289,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"api_keys": ",".join(args.api_key)})
     if args.keys_file:
         settings = settings.model_copy(update={"keys_file": args.keys_file})
-    if not settings.keys and not settings.keys_file and not _is_loopback(args.host) and not args.allow_unauthenticated:
-        raise VidserveError(f"refusing to serve {args.host} without API keys: pass --api-key KEY or --keys-file "
+    if not settings.keys and not settings.keys_file and not _is_loopback(settings.host) \
+            and not args.allow_unauthenticated:
+        raise VidserveError(f"refusing to serve {settings.host} without API keys: pass --api-key KEY or --keys-file "
                             "(or VIDSERVE_API_KEYS), or --allow-unauthenticated if a proxy in front does auth")
     from vidserve.keys import KeyRing
 
@@ -300,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vidserve.api.app import create_app
 
     # ws_max_size: a WebSocket message past the largest body is refused (1009) before it is buffered whole.
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+    uvicorn.run(create_app(settings), host=settings.host, port=args.port, log_level=args.log_level,
                 ws_max_size=settings.max_body_bytes)
     return 0
 
@@ -444,7 +445,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the HTTP API (embedded queue by default: no services needed)",
                            description="Run the HTTP API: OpenAI-shaped /v1/videos and /v1/chat/completions.")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--host", help=f"address to listen on (default: {s.host})")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--data-dir", type=Path, help=f"job database and outputs (default: {s.data_dir})")
     serve.add_argument("--queue", choices=["embedded", "celery"],

@@ -110,6 +110,8 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(6 * 3600, gt=0, description="Redis redelivery timeout; longer than any job.")
 
     # HTTP.
+    host: str = Field("127.0.0.1", description="Address `vidserve serve` listens on; any but a loopback one "
+                      "needs API keys (or --allow-unauthenticated).")
     api_keys: str = Field("", description="Comma-separated keys for 'Authorization: Bearer'; empty: no auth.")
     keys_file: Path | None = Field(None, description="TOML/JSON file of named keys: SHA-256, role, quotas "
                                    "(see vidserve/keys.py).")
