@@ -108,7 +108,7 @@ def test_a_job_made_on_one_replica_downloads_from_the_other(fleet, first_video):
     assert client(fleet, 0).videos.retrieve(first_video.id).model == "wan-shapes"
 
 
-def test_the_images_run_as_their_own_user_and_know_their_version(fleet):
+def test_the_images_run_as_their_own_user_know_their_version_and_hold_the_models(fleet):
     for service in ("api-1", "api-2", "worker-wan-shapes"):
         uid = containers.podman("exec", fleet.container(service), "id", "-u").stdout.strip()
         assert uid == "10001", f"{service} runs as uid {uid}"
@@ -116,6 +116,10 @@ def test_the_images_run_as_their_own_user_and_know_their_version(fleet):
         assert containers.podman("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip() == user
     version = containers.podman("run", "--rm", "--network", "none", IMAGES["cpu"], "--version")
     assert version.stdout.strip() == "vidserve 0.1.0"
+    # `IMAGE serve` with nothing else set: the embedded server, on the shapes models inside the image.
+    check = containers.podman("run", "--rm", "--network", "none", IMAGES["cpu"], "check").stdout
+    assert "ok   model wan-shapes: local folder /opt/vidserve/" in check, check
+    assert "ok   storage: /var/lib/vidserve/files is readable and writable" in check, check
 
 
 def test_every_service_passes_its_health_check(fleet):
