@@ -39,11 +39,13 @@ events_logger = "file"
 """
 
 
-def configure_engine(workdir: Path) -> None:
-    if "CONTAINERS_CONF" not in os.environ:
-        conf = workdir / "containers.conf"
-        conf.write_text(ENGINE_SETTINGS)
-        os.environ["CONTAINERS_CONF"] = str(conf)
+def engine_settings(workdir: Path) -> dict[str, str]:
+    """The environment podman runs with: CONTAINERS_CONF as given, or the settings above."""
+    if "CONTAINERS_CONF" in os.environ:
+        return {}
+    conf = workdir / "containers.conf"
+    conf.write_text(ENGINE_SETTINGS)
+    return {"CONTAINERS_CONF": str(conf)}
 
 
 def engine_problem() -> str | None:
@@ -138,6 +140,13 @@ def build(target: str, base: str, sources: list[str]) -> None:
            timeout=1200)
 
 
+def crash(state: dict) -> None:
+    """SIGKILL to the main process of the container `state` (podman inspect's) describes, as an
+    OOM kill or a crash does it; `podman kill` would be an operator's stop, which
+    `restart: unless-stopped` honours."""
+    os.kill(state["State"]["Pid"], signal.SIGKILL)
+
+
 class Fleet:
     """deploy/compose.yaml brought up under its own project name, with the test's images, .env
     and ports, through podman-compose."""
@@ -178,14 +187,6 @@ class Fleet:
 
     def state(self, service: str) -> dict:
         return json.loads(podman("inspect", self.container(service)).stdout)[0]
-
-    def crash(self, service: str) -> int:
-        """SIGKILL to the service's main process, as an OOM kill or a crash does it (podman kill
-        is an operator's stop, which `restart: unless-stopped` honours). Returns the restart count
-        before the crash."""
-        state = self.state(service)
-        os.kill(state["State"]["Pid"], signal.SIGKILL)
-        return state["RestartCount"]
 
     def healthy(self, service: str) -> bool:
         return podman("healthcheck", "run", self.container(service), check=False).returncode == 0

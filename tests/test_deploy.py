@@ -29,7 +29,13 @@ PROMPT = "a red circle moving right on a white background"
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("deploy")
-    containers.configure_engine(workdir)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in containers.engine_settings(workdir).items():
+            patch.setenv(name, value)
+        yield from fleet_in(workdir)
+
+
+def fleet_in(workdir):
     if (problem := containers.engine_problem()) is not None:
         pytest.skip(f"no container engine: {problem}")
     base, sources = containers.base_image(), containers.package_sources()
@@ -132,18 +138,17 @@ def test_every_service_passes_its_health_check(fleet):
 
 
 def test_a_killed_worker_and_a_killed_redis_lose_no_job(fleet, first_video):
-    worker_restarts = fleet.state("worker-wan-shapes")["RestartCount"]
+    worker, redis = fleet.state("worker-wan-shapes"), fleet.state("redis")
     running = create(fleet, 1, steps=20)
-    eventually(lambda: client(fleet, 0).videos.retrieve(running.id).progress > 0, timeout=300, interval=0.2,
+    eventually(lambda: client(fleet, 0).videos.retrieve(running.id).progress > 0, timeout=300, interval=0.1,
                what="the job to be under way")
-    waiting = create(fleet, 0, steps=2)  # acknowledged, queued behind it
-    fleet.crash("worker-wan-shapes")
-    redis_restarts = fleet.crash("redis")
+    containers.crash(worker)  # mid-job: its second attempt below says the first one died
+    waiting = create(fleet, 0, steps=2)  # acknowledged while no worker runs
+    containers.crash(redis)
 
-    eventually(lambda: fleet.state("redis")["RestartCount"] > redis_restarts, timeout=60, interval=0.5,
-               what="Redis to restart")
-    eventually(lambda: fleet.state("worker-wan-shapes")["RestartCount"] > worker_restarts, timeout=60,
-               interval=0.5, what="the worker to restart")
+    for service, before in (("redis", redis), ("worker-wan-shapes", worker)):
+        eventually(lambda: fleet.state(service)["RestartCount"] > before["RestartCount"], timeout=60,
+                   interval=0.5, what=f"{service} to restart")
     survivor = finished(fleet, 0, running.id, timeout=420)
     assert survivor.status == "completed" and survivor.attempts == 2, survivor
     assert finished(fleet, 1, waiting.id).status == "completed"
