@@ -11,7 +11,8 @@ no other sequence's cache, so a long answer never holds up a short one and concu
 share every step; an aborted sequence leaves at the next step, whichever stage it is in.
 
 When the pool runs out of blocks, the most recently admitted sequence gives its blocks back and
-waits at the head of the line; readmitted, it is recomputed (its prompt and answer so far, the
+waits ahead of every request not yet admitted (which alone count towards `max_waiting`, so a
+preemption never turns a new request away); readmitted, it is recomputed (its prompt and answer so far, the
 cached part of them taken from the prefix cache) and goes on where it stopped, drawing from its
 own seeded generator, so its answer does not change.
 
@@ -55,6 +56,7 @@ class LLMEngine:
         self.cache = KVCache(model, kv_budget(model, max_running, kv_tokens), BLOCK_SIZE)
         self.blocks = BlockPool(self.cache.num_blocks, BLOCK_SIZE, prefix_cache)
         self.waiting: deque[Sequence] = deque()
+        self.preempted: deque[Sequence] = deque()  # gave their blocks back; readmitted before anything waiting
         self.admitted: list[Sequence] = []  # holding blocks, in the order they were admitted
         self.encoding = ImageEncoding(model)  # admitted, needed image features not yet all computed
         self.prefill = PackedPrefill(self.blocks, prefill_tokens)  # admitted, tokens not yet all cached
@@ -160,7 +162,7 @@ class LLMEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self.waiting and not self.running:
+                while not self._stopping and not self.waiting and not self.preempted and not self.running:
                     self._cond.wait()
                 if self._stopping:
                     return
@@ -182,18 +184,20 @@ class LLMEngine:
                     self._fail(seq, exc)
         self._retire()
         if self.metrics is not None:
-            self.metrics.load(self.running, len(self.waiting), self.blocks.in_use, self.blocks.num_blocks)
+            self.metrics.load(self.running, len(self.waiting) + len(self.preempted), self.blocks.in_use,
+                              self.blocks.num_blocks)
 
     def _admit(self) -> None:
         while self.running < self.max_running:
             with self._cond:
-                if not self.waiting:
+                line = self.preempted or self.waiting
+                if not line:
                     return
-                seq = self.waiting[0]  # only this thread takes from the left
+                seq = line[0]  # only this thread takes from the left
             if not self.blocks.admit(seq):
                 return  # first come, first served: the head waits for blocks, and the rest behind it
             with self._cond:
-                self.waiting.popleft()
+                line.popleft()
             self.admitted.append(seq)
             if self.encoding.needs(seq):
                 self.encoding.add(seq)
@@ -226,8 +230,7 @@ class LLMEngine:
         self.preemptions += 1
         if self.metrics is not None:
             self.metrics.preempted()
-        with self._cond:
-            self.waiting.appendleft(seq)  # admitted before everything waiting
+        self.preempted.appendleft(seq)  # the oldest of them first
 
     def _forward(self, pieces: list[Piece]) -> None:
         decoding = list(self.decoding)
@@ -293,6 +296,8 @@ class LLMEngine:
             aborted = [s for s in self.waiting if s.aborted]
             for seq in aborted:
                 self.waiting.remove(seq)
+        aborted += [s for s in self.preempted if s.aborted]
+        self.preempted = deque(s for s in self.preempted if not s.aborted)
         aborted += [s for s in self.admitted if s.aborted and not s.finished]
         for seq in aborted:
             self.aborted_sequences += 1
