@@ -60,16 +60,16 @@ from chat_multi_turn import build_vision_model, measure_memory, measure_multi_tu
 MODEL = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
              num_key_value_heads=4, max_position_embeddings=4096)
 FULL = dict(tokens=64, requests={1: 4, 4: 8, 16: 32},  # concurrency: requests (k = 4, 2, 2 per client)
-            conversations=dict(conversations=16, turns=4, system_bytes=1500, answer_tokens=32, memory_requests=80,
-                               kv_tokens=16384))
+            conversations=dict(conversations=16, turns=4, system_bytes=1500, answer_tokens=32, running=16,
+                               waiting=64, kv_tokens=16384))
 QUICK = dict(tokens=8, requests={1: 2, 4: 4, 16: 16},
-             conversations=dict(conversations=4, turns=3, system_bytes=300, answer_tokens=8, memory_requests=20,
-                                kv_tokens=4096))
+             conversations=dict(conversations=4, turns=3, system_bytes=300, answer_tokens=8, running=16,
+                                waiting=8, kv_tokens=4096))
 # The contexts the multi-turn workload decodes at: system prompt, image, four questions and answers.
 CONVERSATION_CONTEXT = 1750
-# Resident memory beyond the weights and the KV cache: Python, torch, the server, its threads' buffers,
-# a step's activations, the waiting requests' images.
-MEMORY_MARGIN_MIB = 768
+# Resident memory beyond the weights and the KV cache: Python, torch, transformers and the server (some
+# 700 MiB idle), a step's activations, the waiting requests.
+MEMORY_MARGIN_MIB = 1024
 TEMPERATURE = 1.0
 WORDS = "the a video frame model token batch queue server fox snow river light night prompt cache step".split()
 
@@ -259,8 +259,8 @@ def conversations(tmp: Path, work: dict, ceiling_context: int, text_folder: Path
         print(f"multi-turn: {work['conversations']} conversations x {work['turns']} turns ...", file=sys.stderr)
         turns = asyncio.run(measure_multi_turn(url, str(folder), work["conversations"], work["turns"], system,
                                                work["answer_tokens"]))
-        print(f"memory: {work['memory_requests']} requests at once ...", file=sys.stderr)
-        memory = measure_memory(url, str(folder), work["memory_requests"], system, work["answer_tokens"])
+        print(f"memory: {work['running']} running, {work['waiting']} waiting ...", file=sys.stderr)
+        memory = measure_memory(url, str(folder), work["running"], work["waiting"], system, work["answer_tokens"])
     per_token = 2 * MODEL["num_hidden_layers"] * MODEL["num_key_value_heads"] * \
         (MODEL["hidden_size"] // MODEL["num_attention_heads"]) * 4
     kv_mib = work["kv_tokens"] * per_token / 2**20
@@ -303,10 +303,12 @@ def main() -> int:
                                                     "(chat_max_running 16)", "server_env": env},
                           rows=results, decode_ceiling=ceiling,
                           generate_requests=[{k: round(v, 4) for k, v in m.items()} for m in measured])
+            print_throughput(results, ceiling, tokens)
         if args.only != "throughput":
             load["conversations_before"] = os.getloadavg()[0]
             report["conversations"] = conversations(tmp, work["conversations"], CONVERSATION_CONTEXT, folder)
             load["conversations_after"] = os.getloadavg()[0]
+            print_conversations(report["conversations"])
 
     load = {k: round(v, 2) for k, v in load.items()}  # this benchmark alone adds ~2 (2 busy threads)
     report["machine"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__,
@@ -314,10 +316,6 @@ def main() -> int:
                          "loadavg_1m": load}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if results:
-        print_throughput(results, report["decode_ceiling"], tokens)
-    if "conversations" in report:
-        print_conversations(report["conversations"])
     print(f"\n1-min load {load}; JSON in {args.json}")
     return 0
 
@@ -379,7 +377,7 @@ def print_conversations(report: dict) -> None:
           f"{turns['later_vs_first_ttft']}x turn 1's; hit rate {turns['hit_rate']:.0%} over all turns; "
           f"{turns['output_tok_s']} output tok/s = {ceiling['share']:.0%} of batched decode alone at "
           f"{ceiling['concurrency']} x {ceiling['context']} tokens ({ceiling['tok_s']} tok/s)")
-    print(f"memory, {memory['requests']} requests at once: peak RSS {memory['peak_rss_mib']} MiB (idle "
+    print(f"memory, {memory['running']} running and {memory['waiting']} waiting: peak RSS {memory['peak_rss_mib']} MiB (idle "
           f"{memory['idle_rss_mib']}); weights {memory['weights_mib']} + KV cache {memory['kv_cache_mib']} + "
           f"margin {memory['margin_mib']} MiB: {'within' if memory['within'] else 'OVER'}")
 

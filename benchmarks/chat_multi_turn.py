@@ -6,9 +6,9 @@ multi-turn  C conversations at once, each T turns in a row, all sharing one long
             (system, the image, the questions and the answers vidserve gave) and streams the
             answer: time to first text per turn, the prompt tokens the prefix cache served
             (`usage.prompt_tokens_details.cached_tokens`), output tokens per second overall.
-memory      R requests at once (first turns of distinct conversations), more than the engine
-            runs together, while the server's resident memory is sampled: its peak beside the
-            model's weights and the configured KV cache.
+memory      first turns of distinct conversations, as many as the engine runs together and as
+            many again as may wait, while the server's resident memory is sampled: its peak
+            beside the model's weights and the configured KV cache.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def first_turn(system: str, conversation: int) -> list[dict]:
                                          {"type": "text", "text": QUESTIONS[conversation % len(QUESTIONS)]}]}]
 
 
-async def stream_answer(client, model: str, messages: list[dict], tokens: int, seed: int) -> dict:
+async def stream_answer(client, model: str, messages: list[dict], tokens: int, seed: int,
+                        started: asyncio.Event | None = None) -> dict:
+    """Stream one answer; `started` is set at its first text."""
     start = time.perf_counter()
     stream = await client.chat.completions.create(
         model=model, messages=messages, max_tokens=tokens, temperature=1.0, seed=seed, stream=True,
@@ -81,6 +83,8 @@ async def stream_answer(client, model: str, messages: list[dict], tokens: int, s
         if chunk.choices and chunk.choices[0].delta.content:
             first = first or time.perf_counter()
             parts.append(chunk.choices[0].delta.content)
+            if started is not None:
+                started.set()
         usage = chunk.usage or usage
     assert usage.completion_tokens == tokens, usage
     return {"ttft": (first or time.perf_counter()) - start, "text": "".join(parts),
@@ -129,8 +133,10 @@ def server_process(port: int) -> psutil.Process:
     raise RuntimeError(f"no child process listens on port {port}")
 
 
-def measure_memory(url: str, model: str, requests: int, system: str, tokens: int) -> dict:
-    """Peak resident memory of the server while `requests` first turns run at once."""
+def measure_memory(url: str, model: str, running: int, waiting: int, system: str, tokens: int) -> dict:
+    """Peak resident memory of the server while `running` first turns run and `waiting` more wait
+    (sent once the first have started: sent together, more than `waiting` could be in line
+    before the engine admits any)."""
     import openai
 
     server = server_process(int(url.rsplit(":", 1)[1]))
@@ -144,9 +150,14 @@ def measure_memory(url: str, model: str, requests: int, system: str, tokens: int
 
     async def run() -> None:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=1200)
+        started = [asyncio.Event() for _ in range(running)]
         async with client:
-            await asyncio.gather(*(stream_answer(client, model, first_turn(system, 1000 + r), tokens, seed=r)
-                                   for r in range(requests)))
+            first = [asyncio.ensure_future(stream_answer(client, model, first_turn(system, 1000 + r), tokens, seed=r,
+                                                         started=started[r])) for r in range(running)]
+            await asyncio.gather(*(event.wait() for event in started))
+            rest = [stream_answer(client, model, first_turn(system, 1000 + r), tokens, seed=r)
+                    for r in range(running, running + waiting)]
+            await asyncio.gather(*first, *rest)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -155,4 +166,5 @@ def measure_memory(url: str, model: str, requests: int, system: str, tokens: int
     finally:
         done.set()
         sampler.join()
-    return {"requests": requests, "idle_rss_mib": round(idle / 2**20), "peak_rss_mib": round(peak[0] / 2**20)}
+    return {"running": running, "waiting": waiting, "idle_rss_mib": round(idle / 2**20),
+            "peak_rss_mib": round(peak[0] / 2**20)}

@@ -86,7 +86,8 @@ class Settings(BaseSettings):
                                      "running answers.")
     chat_kv_tokens: int | None = Field(None, gt=0, description="Tokens the chat KV cache holds, in blocks of 16 "
                                        "(running sequences and cached prefixes); default: the smaller of "
-                                       "chat_max_running full contexts and half the memory free at start (logged).")
+                                       "VIDSERVE_CHAT_MAX_RUNNING full contexts and half the memory free at start "
+                                       "(logged).")
     chat_prefix_cache: bool = Field(True, description="Automatic prefix caching: prompts that begin like an earlier "
                                     "one (system prompt, conversation so far, same images) reuse its KV cache.")
     chat_max_waiting: int = Field(64, ge=0, description="Chat requests waiting for a slot past which new ones get 429.")

@@ -26,8 +26,7 @@ from .blocks import BlockPool
 from .sequence import Sequence
 
 # Budgets in a burst step. Packed in one row, prompts share the matrix multiplies while each
-# attends only to itself, so a long row costs no more per token than a short one (measured in
-# benchmarks/RESULTS.md, "Chat: continuous batching vs sequential generate").
+# attends only to itself: a row's attention grows with its prompts' own lengths, not the row's.
 BURST = 8
 
 
