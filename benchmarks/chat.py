@@ -6,8 +6,9 @@ folder, float32) serves the same requests two ways, one after the other so they 
   vidserve  `vidserve serve --chat-model FOLDER`, streamed through the official `openai` SDK.
 
 Workload: request r is a chat-templated user message of 20-200 bytes (= tokens) with seed r, sampled at
-temperature 1 (top_p 1, no top_k) for exactly N new tokens (vidserve: ignore_eos, loop detection off;
-generate: min_new_tokens = max_new_tokens = N). At concurrency C there are C clients; client c sends
+temperature 1 (top_p 1, no top_k) for exactly N new tokens (vidserve: ignore_eos, loop detection off,
+prefix cache off, as each concurrency resends the first requests of the last; generate: min_new_tokens =
+max_new_tokens = N). At concurrency C there are C clients; client c sends
 requests c, c+C, c+2C, ... back to back (C*k requests in all).
 
 Timing. TTFT is time to the first visible text (vidserve streams nothing before it: random bytes often
@@ -210,7 +211,7 @@ async def measure_vidserve(url: str, model: str, prompts: list[str], concurrency
         stream = await client.chat.completions.create(
             model=model, messages=messages(prompts[r]), max_tokens=tokens, temperature=TEMPERATURE, top_p=1.0,
             seed=r, stream=True, stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True, "repetition_detection": False})
+            extra_body={"ignore_eos": True, "repetition_detection": False, "prefix_cache": False})
         first = last = usage = None
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -368,7 +369,8 @@ def print_throughput(results: list[dict], ceiling: dict, tokens: int) -> None:
 
 def print_conversations(report: dict) -> None:
     turns, memory = report["multi_turn"], report["memory"]
-    print("\n| turn | TTFT median s | prompt tokens (mean) | cached tokens (mean) | hit rate |\n|---:|---:|---:|---:|---:|")
+    print("\n| turn | TTFT median s | prompt tokens (mean) | cached tokens (mean) | hit rate |\n"
+          "|---:|---:|---:|---:|---:|")
     for t in turns["per_turn"]:
         print(f"| {t['turn']} | {t['ttft_median_s']:.3f} | {t['prompt_tokens_mean']} | {t['cached_tokens_mean']} | "
               f"{t['hit_rate']:.0%} |")
@@ -377,8 +379,8 @@ def print_conversations(report: dict) -> None:
           f"{turns['later_vs_first_ttft']}x turn 1's; hit rate {turns['hit_rate']:.0%} over all turns; "
           f"{turns['output_tok_s']} output tok/s = {ceiling['share']:.0%} of batched decode alone at "
           f"{ceiling['concurrency']} x {ceiling['context']} tokens ({ceiling['tok_s']} tok/s)")
-    print(f"memory, {memory['running']} running and {memory['waiting']} waiting: peak RSS {memory['peak_rss_mib']} MiB (idle "
-          f"{memory['idle_rss_mib']}); weights {memory['weights_mib']} + KV cache {memory['kv_cache_mib']} + "
+    print(f"memory, {memory['running']} running and {memory['waiting']} waiting: peak RSS {memory['peak_rss_mib']} "
+          f"MiB (idle {memory['idle_rss_mib']}); weights {memory['weights_mib']} + KV cache {memory['kv_cache_mib']} + "
           f"margin {memory['margin_mib']} MiB: {'within' if memory['within'] else 'OVER'}")
 
 

@@ -11,12 +11,16 @@ and values into their blocks and attends:
                   heads sharing a KV head folded into the query axis (what vidserve runs);
   gathered-gqa    the same gather, SDPA with `enable_gqa`;
   per-sequence    the same gather, one SDPA call per sequence, no padding;
+  cascade         decoding sequences that begin with the same blocks (a shared system prompt): those
+                  gathered once and attended by every query in one call, each sequence's own blocks
+                  as gathered-folded, the two joined by their log-sum-exps (what vidserve runs when
+                  at least 8 blocks are shared);
   flex            `torch.compile`d flex_attention reading the pool itself through a block mask
                   made from the block tables (compiled once per shape, not timed).
 
 Shapes: decode (16 sequences, one new token each, contexts of 100-256 tokens as in the
-throughput workload, then 1,500-1,756 as in the multi-turn one) and one prefill piece (100
-new tokens over a cached 1,600-token prefix).
+throughput workload, then 1,500-1,756 with the first 1,504 shared, as in the multi-turn one)
+and one prefill piece (100 new tokens over a cached 1,600-token prefix).
 
     python benchmarks/paged_attention.py [--json PATH]
 """
@@ -42,15 +46,17 @@ REPEATS = 30
 class Case:
     """Sequences' contexts (tokens before the new ones) and new tokens, their blocks shuffled in a pool."""
 
-    def __init__(self, contexts: list[int], new: int, seed: int = 0):
+    def __init__(self, contexts: list[int], new: int, shared: int = 0, seed: int = 0):
+        """`shared`: the first tokens of every sequence, in blocks they all hold (a common system prompt)."""
         gen = torch.Generator().manual_seed(seed)
-        self.contexts, self.new = contexts, new
+        self.contexts, self.new, self.shared = contexts, new, shared // BLOCK
         self.lengths = [c + new for c in contexts]
-        counts = [-(-n // BLOCK) for n in self.lengths]
-        order = torch.randperm(sum(counts) + 8, generator=gen)
-        self.tables, at = [], 0
+        counts = [-(-n // BLOCK) - self.shared for n in self.lengths]
+        order = torch.randperm(self.shared + sum(counts) + 8, generator=gen)
+        common, at = order[:self.shared], self.shared
+        self.tables = []
         for n in counts:
-            self.tables.append(order[at:at + n])
+            self.tables.append(torch.cat([common, order[at:at + n]]))
             at += n
         blocks = len(order)
         self.keys = torch.randn(blocks, BLOCK, KV_HEADS, DIM, generator=gen)
@@ -60,11 +66,12 @@ class Case:
         self.new_values = torch.randn(len(contexts), KV_HEADS, new, DIM, generator=gen)
         self.slots = torch.cat([table[torch.arange(c, c + new) // BLOCK] * BLOCK + torch.arange(c, c + new) % BLOCK
                                 for table, c in zip(self.tables, contexts)])
-        most = max(counts)
+        most = max(len(t) for t in self.tables)
         self.padded = torch.stack([F.pad(t, (0, most - len(t))) for t in self.tables])
         positions = torch.arange(most * BLOCK)
         # [seqs, 1, new, most*BLOCK]: each query sees its own sequence's keys up to itself
-        self.mask = (positions[None, None] <= (torch.tensor(contexts)[:, None] + torch.arange(new))[:, :, None])[:, None]
+        last = torch.tensor(contexts)[:, None] + torch.arange(new)  # [seqs, new]: each query's own position
+        self.mask = (positions[None, None] <= last[:, :, None])[:, None]
         longest = max(contexts)
         self.padded_keys = torch.randn(len(contexts), KV_HEADS, longest, DIM, generator=gen)
         self.padded_values = torch.randn(len(contexts), KV_HEADS, longest, DIM, generator=gen)
@@ -115,6 +122,25 @@ def per_sequence(case: Case) -> None:
         F.scaled_dot_product_attention(case.query[i:i + 1], k, v, attn_mask=mask, enable_gqa=True)
 
 
+def cascade(case: Case) -> None:
+    """The shared blocks read once for all queries, each sequence's own apart, joined by log-sum-exp."""
+    case.write()
+    n, own = len(case.contexts), case.padded[:, case.shared:]
+    q = case.query[:, :, 0].reshape(n, KV_HEADS, HEADS // KV_HEADS, DIM)
+    mask = torch.zeros(n, 1, 1, own.shape[1] * BLOCK).masked_fill_(~case.mask[:, :, :1, case.shared * BLOCK:],
+                                                                  float("-inf"))
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    o, lse = flash(q, case.gather(case.keys, own, n), case.gather(case.values, own, n), 0.0, False, attn_mask=mask)
+    common = case.tables[0][:case.shared]
+    shared, shared_lse = flash(q.transpose(0, 1).reshape(1, KV_HEADS, -1, DIM), case.gather(case.keys, common, 1),
+                               case.gather(case.values, common, 1), 0.0, False)
+    shared = shared.view(KV_HEADS, n, -1, DIM).transpose(0, 1)
+    shared_lse = shared_lse.view(KV_HEADS, n, -1).transpose(0, 1)
+    top = torch.maximum(lse, shared_lse)
+    w, ws = (lse - top).exp()[..., None], (shared_lse - top).exp()[..., None]
+    (o * w + shared * ws) / (w + ws)
+
+
 def flex(case: Case):
     """flex_attention over the whole pool, the block tables turned into a block mask."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -160,19 +186,22 @@ def main() -> int:
     spread = torch.linspace(0, 1, 16)
     cases = {
         "decode 16 x 100-256": Case([int(100 + 156 * s) for s in spread], 1),
-        "decode 16 x 1500-1756": Case([int(1500 + 256 * s) for s in spread], 1),
+        "decode 16 x 1500-1756, 1,504 shared": Case([int(1500 + 256 * s) for s in spread], 1, shared=1504),
         "prefill 100 over 1600": Case([1600], 100),
     }
     variants = {"contiguous": contiguous, "gathered-folded": gathered_folded, "gathered-gqa": gathered_gqa,
-                "per-sequence": per_sequence}
+                "per-sequence": per_sequence, "cascade": cascade}
     rows = []
     load = os.getloadavg()[0]
     with torch.inference_mode():
         for name, case in cases.items():
             row = {"shape": name}
             for variant, fn in variants.items():
-                if variant != "gathered-gqa" or case.new == 1:  # with one query row per head, the two are one
-                    row[variant] = round(timed(lambda: fn(case)), 3)
+                if variant == "gathered-gqa" and case.new > 1:  # with one query row per head, the two are one
+                    continue
+                if variant == "cascade" and not case.shared:
+                    continue
+                row[variant] = round(timed(lambda: fn(case)), 3)
             start = time.perf_counter()
             try:
                 run = flex(case)
@@ -187,7 +216,7 @@ def main() -> int:
                "python": platform.python_version(), "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)]}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": machine, "ms_per_layer_call": rows}, indent=2) + "\n")
-    names = ["contiguous", "gathered-folded", "gathered-gqa", "per-sequence", "flex"]
+    names = ["contiguous", "gathered-folded", "gathered-gqa", "per-sequence", "cascade", "flex"]
     print("\n| shape | " + " | ".join(names) + " |\n|---|" + "---:|" * len(names))
     for row in rows:
         cells = [row.get(n, "") for n in names]

@@ -79,7 +79,7 @@ def test_image_changes_the_answer(engine, model):
 def test_eight_concurrent_requests_share_decode_steps_and_match_solo_runs(model):
     engine = LLMEngine(model, max_running=8)
     outputs = {i: [] for i in range(8)}
-    prompts = [text_prompt(model, "x" * (3 + 7 * i)) for i in range(8)]  # different lengths: left padding
+    prompts = [text_prompt(model, "abcdefgh"[i] * (3 + 7 * i)) for i in range(8)]  # different lengths, no prefix shared
     for i in range(8):  # all queued before the loop starts: they are admitted together
         engine.submit(prompts[i], params(max_tokens=32, seed=i, ignore_eos=True), on_output=outputs[i].append)
     engine.start()
@@ -165,7 +165,7 @@ def test_prompts_arriving_together_are_packed_into_one_row_and_answer_as_alone(m
     steps = record_steps(model, monkeypatch)
     # The first step (a burst: 8 budgets) packs the first prompts and cuts one; the cut one
     # finishes in a later step, beside the decoding others, at most 12 prompt tokens a step.
-    prompts = [text_prompt(model, "w" * n) for n in (17, 2, 30, 5, 9, 1, 40)]
+    prompts = [text_prompt(model, letter * n) for letter, n in zip("pqrstuv", (17, 2, 30, 5, 9, 1, 40))]
     seqs = [engine.submit(p, params(max_tokens=6, seed=i, ignore_eos=True)) for i, p in enumerate(prompts)]
     while not all(s.finished for s in seqs):
         engine.step()

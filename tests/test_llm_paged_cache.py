@@ -5,6 +5,8 @@ answers the same every way."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from PIL import Image
@@ -147,10 +149,34 @@ def test_a_pool_smaller_than_the_load_preempts_and_every_answer_is_the_same(mode
         assert engine.blocks.in_use == 0
 
 
-def test_a_request_the_pool_cannot_hold_is_refused(model):
-    engine = LLMEngine(model, kv_tokens=64)
+def test_a_request_the_pool_cannot_hold_is_refused(model, caplog):
+    with caplog.at_level(logging.INFO, logger="vidserve.chat"):
+        engine = LLMEngine(model, kv_tokens=64)
+    assert "chat KV cache: 64 tokens in 4 blocks of 16" in caplog.text
     prompt = model.encode([{"role": "user", "content": "hello"}], [])
     with pytest.raises(InvalidRequest, match="KV cache") as refused:
         engine.submit(prompt, params(max_tokens=64 - len(prompt.token_ids) + 1))
     assert refused.value.code == "context_length_exceeded"
     assert answer(engine, prompt, max_tokens=64 - len(prompt.token_ids)).finish_reason == "length"
+
+
+def test_a_burst_sharing_a_system_prompt_computes_it_once_and_decodes_it_once(model, monkeypatch):
+    prompts = [conversation(model, picture((0, 40 * i, 0)), (f"Say {i}.", None)) for i in range(4)]
+    steps = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda **inputs: steps.append(inputs["step"]) or forward(**inputs))
+
+    def run(cascade: bool):
+        engine = LLMEngine(model)
+        engine._cascade = cascade
+        return [s.output_ids for s in finish(engine, *[engine.submit(p, params(seed=i, temperature=1.0, max_tokens=24))
+                                                       for i, p in enumerate(prompts)])]
+
+    once = run(cascade=True)
+    system_blocks = prompts[0].image_spans[0].start // 16
+    prefilled = sum(piece.length for step in steps for piece in step.pieces)
+    assert prefilled == sum(len(p.token_ids) for p in prompts) - 3 * system_blocks * 16  # the others waited for it
+    shared = [step.shared_blocks for step in steps if step.shared_blocks is not None]
+    assert shared and all(len(blocks) == system_blocks for blocks in shared)  # and read it once a step
+    steps.clear()
+    assert run(cascade=False) == once and all(step.shared_blocks is None for step in steps)

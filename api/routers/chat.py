@@ -1,9 +1,10 @@
 """/v1/chat/completions: OpenAI's Chat Completions on the LLM engine — images as
 `image_url` parts, streaming as `chat.completion.chunk` events, structured outputs,
-loop detection, the prefix cache's reuse as `usage.prompt_tokens_details.cached_tokens`. Bad input is a 400 before anything reaches the model (images included:
-their size, shape and the size the model's processor would scale them to); a full engine
-is a 429; a client that goes away frees its batch slot, also while its images are encoded
-or its prompt prefilled."""
+loop detection, the prefix cache's reuse as `usage.prompt_tokens_details.cached_tokens`.
+Bad input is a 400 before anything reaches the model (images included: their size, shape
+and the size the model's processor would scale them to); a full engine is a 429; a client
+that goes away frees its batch slot, also while its images are encoded or its prompt
+prefilled."""
 
 from __future__ import annotations
 

@@ -18,6 +18,10 @@ from .model import ChatModel
 from .paged_attention import PagedStep, PrefillPiece
 from .sequence import Sequence
 
+# Shared blocks worth a cascade: below this, reading them with each sequence's own costs less than
+# the second attention call (benchmarks/RESULTS.md, "Chat: paged attention on CPU").
+CASCADE_BLOCKS = 8
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -42,8 +46,9 @@ class StepInputs:
 
 
 def build_step(model: ChatModel, cache: KVCache, decoding: list[Sequence], pieces: list[Piece],
-               features: dict[int, dict[int, torch.Tensor]]) -> StepInputs:
-    """`features`: per sequence id, the image features its pieces need, by image index."""
+               features: dict[int, dict[int, torch.Tensor]], cascade: bool = False) -> StepInputs:
+    """`features`: per sequence id, the image features its pieces need, by image index; `cascade`:
+    decoding sequences that begin with the same blocks read them once (paged_attention.py)."""
     device, size = model.device, cache.block_size
     row = [Piece(seq, seq.computed, seq.computed + 1) for seq in decoding] + pieces
     ids = [token for p in row for token in p.seq.token_ids(p.start, p.stop)]
@@ -57,19 +62,42 @@ def build_step(model: ChatModel, cache: KVCache, decoding: list[Sequence], piece
 
     positions = torch.cat([_positions(model, p) for p in row], dim=-1)
     slots = torch.cat([_slots(p, size) for p in row]).to(device)
-    decode_blocks = decode_mask = None
+    decode_blocks = decode_mask = shared = None
     if decoding:
-        lengths = torch.tensor([s.computed + 1 for s in decoding])
+        first = _shared_blocks(decoding, size) if cascade else 0
+        if first:
+            shared = torch.tensor(decoding[0].block_table[:first], device=device)
+        lengths = torch.tensor([s.computed + 1 - first * size for s in decoding])
         most = -(-int(lengths.max()) // size)
-        decode_blocks = torch.tensor([s.block_table[:most] + [0] * (most - len(s.block_table[:most]))
-                                      for s in decoding], device=device)
+        decode_blocks = torch.tensor([_padded(s.block_table[first:first + most], most) for s in decoding],
+                                     device=device)
         decode_mask = (torch.arange(most * size)[None] < lengths[:, None])[:, None, None].to(device)
+        if first:  # the log-sum-exp kernel takes an additive mask of the query's dtype
+            dtype = cache.keys[0].dtype
+            decode_mask = torch.zeros(decode_mask.shape, dtype=dtype, device=device).masked_fill_(
+                ~decode_mask, float("-inf"))
     prefill = tuple(_prefill_piece(p, column, size, device) for p, column in zip(pieces, columns[len(decoding):]))
     logits_at = list(range(len(decoding))) + [column + p.stop - p.start - 1
                                               for p, column in zip(pieces, columns[len(decoding):]) if p.done]
-    step = PagedStep(cache, slots, len(decoding), decode_blocks, decode_mask, prefill)
+    step = PagedStep(cache, slots, len(decoding), decode_blocks, decode_mask, prefill, shared)
     return StepInputs(embeds[None], positions.unsqueeze(-2).to(device), step,
                       torch.tensor(logits_at, dtype=torch.long, device=device))
+
+
+def _shared_blocks(decoding: list[Sequence], size: int) -> int:
+    """How many blocks all decoding sequences begin with (0 below CASCADE_BLOCKS, or for one)."""
+    if len(decoding) < 2:
+        return 0
+    tables = [s.block_table for s in decoding]
+    limit = min(s.computed // size for s in decoding)  # full before this step's token, never written again
+    shared = 0
+    while shared < limit and all(t[shared] == tables[0][shared] for t in tables):
+        shared += 1
+    return shared if shared >= CASCADE_BLOCKS else 0
+
+
+def _padded(blocks: list[int], length: int) -> list[int]:
+    return blocks + [0] * (length - len(blocks))  # block 0 stands in: masked
 
 
 def _place_images(embeds: torch.Tensor, p: Piece, features: dict[int, torch.Tensor]) -> None:

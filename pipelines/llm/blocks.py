@@ -71,6 +71,12 @@ class BlockPool:
             if not seq.output_ids:
                 seq.cached_tokens = seq.computed
 
+    def upcoming_keys(self, seq: Sequence) -> list[bytes]:
+        """The prefix keys of the full blocks `seq` has yet to compute (none with the cache off for it)."""
+        if not (self.prefix_cache and seq.prefix_cache):
+            return []
+        return self._keys(seq, (seq.num_tokens - 1) // self.block_size)[seq.computed // self.block_size:]
+
     def append_slot(self, seq: Sequence) -> bool:
         """Make room for the KV of `seq`'s next token: False if the pool is out of blocks."""
         if seq.computed < len(seq.block_table) * self.block_size:

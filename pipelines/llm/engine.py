@@ -37,6 +37,7 @@ from .encoding import ImageEncoding
 from .grammar import Grammars, mask_logits
 from .kv_cache import BLOCK_SIZE, KVCache, kv_budget
 from .model import ChatModel, Prompt
+from .paged_attention import cascade_supported
 from .prefill import PackedPrefill
 from .repetition import RepetitionDetector, exempt_token_ids
 from .sampler import sample
@@ -55,6 +56,7 @@ class LLMEngine:
         self.grammars = Grammars(model.tokenizer, model.vocab_size)
         self.cache = KVCache(model, kv_budget(model, max_running, kv_tokens), BLOCK_SIZE)
         self.blocks = BlockPool(self.cache.num_blocks, BLOCK_SIZE, prefix_cache)
+        self._cascade = cascade_supported(model.device)
         self.waiting: deque[Sequence] = deque()
         self.preempted: deque[Sequence] = deque()  # gave their blocks back; readmitted before anything waiting
         self.admitted: list[Sequence] = []  # holding blocks, in the order they were admitted
@@ -74,18 +76,19 @@ class LLMEngine:
     # -- submitting ------------------------------------------------------------------------
 
     @property
-    def max_tokens(self) -> int:
+    def max_sequence_tokens(self) -> int:
         """The longest sequence, prompt and answer, the engine runs: the model's context, or the
         whole KV cache if that is smaller."""
         return min(self.model.max_context, self.blocks.capacity)
 
     def submit(self, prompt: Prompt, params: SamplingParams, grammar=None, on_output=lambda _: None) -> Sequence:
-        if len(prompt.token_ids) + params.max_tokens > self.max_tokens:
-            held = ("this model's context" if self.max_tokens == self.model.max_context
+        limit = self.max_sequence_tokens
+        if len(prompt.token_ids) + params.max_tokens > limit:
+            held = ("this model's context" if limit == self.model.max_context
                     else "this server's KV cache (VIDSERVE_CHAT_KV_TOKENS)")
             raise InvalidRequest(
-                f"{held} holds {self.max_tokens} tokens; the prompt has {len(prompt.token_ids)} and max_tokens "
-                f"asks for {params.max_tokens} more", param="max_tokens", code="context_length_exceeded")
+                f"{held} holds {limit} tokens; the prompt has {len(prompt.token_ids)} and max_tokens asks for "
+                f"{params.max_tokens} more", param="max_tokens", code="context_length_exceeded")
         rep = params.repetition
         detector = RepetitionDetector(rep, exempt_token_ids(self.model.tokenizer, rep.exempt)) if rep.enabled else None
         matcher = self.grammars.matcher(grammar) if grammar is not None else None
@@ -234,7 +237,7 @@ class LLMEngine:
 
     def _forward(self, pieces: list[Piece]) -> None:
         decoding = list(self.decoding)
-        inputs = build_step(self.model, self.cache, decoding, pieces, self.prefill.features)
+        inputs = build_step(self.model, self.cache, decoding, pieces, self.prefill.features, self._cascade)
         logits = self.model.forward(inputs_embeds=inputs.embeds, position_ids=inputs.positions, step=inputs.step,
                                     logits_at=inputs.logits_at)
         for seq in decoding:

@@ -8,8 +8,11 @@ new keys and values into their blocks, then reads each sequence's blocks back: g
 head folded into the query axis); each prefill piece in a call of its own, causal over its
 own new tokens when it has no past, masked over its gathered past and itself otherwise. So no
 token attends to another sequence's keys, and no key is padded beyond one block per decoding
-sequence. benchmarks/RESULTS.md, "Chat: paged attention on CPU", has the figures that chose this
-path over flex_attention and a per-sequence loop.
+sequence. When the decoding sequences all begin with the same blocks (a shared system prompt,
+from the prefix cache), those are read once: every decoding query attends to them in one call,
+each sequence to its own blocks in another, and the two are joined by their log-sum-exps (cascade
+attention; CPU only, where torch's flash kernel returns them). benchmarks/RESULTS.md, "Chat: paged
+attention on CPU", has the figures that chose these paths over flex_attention and a per-sequence loop.
 
 The model keeps this implementation: without a step (transformers' own `generate`, say) a call
 is plain SDPA.
@@ -47,9 +50,10 @@ class PagedStep:
     cache: KVCache
     slots: torch.Tensor  # [tokens]: where each column's keys and values go, block * block_size + offset
     decoding: int  # columns [0, decoding): one token per decoding sequence
-    decode_blocks: torch.Tensor | None  # [decoding, most blocks]: each one's block table, padded
-    decode_mask: torch.Tensor | None  # [decoding, 1, 1, most blocks * block_size]: its real tokens
+    decode_blocks: torch.Tensor | None  # [decoding, most blocks]: each one's blocks after the shared ones, padded
+    decode_mask: torch.Tensor | None  # [decoding, 1, 1, most blocks * block_size]: its real tokens there
     pieces: tuple[PrefillPiece, ...]
+    shared_blocks: torch.Tensor | None = None  # the blocks every decoding sequence begins with, read once
 
     def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                scale: float | None) -> torch.Tensor:
@@ -62,10 +66,7 @@ class PagedStep:
         if self.decoding:
             n = self.decoding
             q = query[0, :, :n].transpose(0, 1).reshape(n, kv_heads, heads // kv_heads, dim)
-            k = _gather(keys, self.decode_blocks, n)
-            v = _gather(values, self.decode_blocks, n)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.decode_mask, scale=scale)
-            out[0, :n] = o.reshape(n, heads, dim)
+            out[0, :n] = self._decode(q, keys, values, scale).reshape(n, heads, dim)
         for piece in self.pieces:
             columns = slice(piece.at, piece.at + piece.length)
             q = query[:, :, columns]
@@ -79,6 +80,37 @@ class PagedStep:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=piece.mask, scale=scale, enable_gqa=True)
             out[0, columns] = o[0].transpose(0, 1)
         return out
+
+
+    def _decode(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """q [n, kv heads, group, d]: each decoding sequence's query heads, by the KV head they share."""
+        n = q.shape[0]
+        k, v = _gather(keys, self.decode_blocks, n), _gather(values, self.decode_blocks, n)
+        if self.shared_blocks is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.decode_mask, scale=scale)
+        # Cascade: the shared prefix once for every query, each sequence's own blocks apart; the two
+        # softmaxes joined by their log-sum-exps.
+        own, own_lse = _flash(q, k, v, self.decode_mask, scale)
+        all_queries = q.transpose(0, 1).reshape(1, q.shape[1], -1, q.shape[3])
+        shared, shared_lse = _flash(all_queries, _gather(keys, self.shared_blocks, 1),
+                                    _gather(values, self.shared_blocks, 1), None, scale)
+        shared = shared.view(q.shape[1], n, q.shape[2], q.shape[3]).transpose(0, 1)
+        shared_lse = shared_lse.view(q.shape[1], n, q.shape[2]).transpose(0, 1)
+        top = torch.maximum(own_lse, shared_lse)
+        own_weight, shared_weight = (own_lse - top).exp()[..., None], (shared_lse - top).exp()[..., None]
+        return (own * own_weight + shared * shared_weight) / (own_weight + shared_weight)
+
+
+def cascade_supported(device: torch.device) -> bool:
+    """Cascade decoding needs attention's log-sum-exp, which torch gives through its CPU flash kernel."""
+    return device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _flash(q, k, v, mask, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA's output and the log-sum-exp of each query's scores."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                         scale=scale)
+    return out, lse
 
 
 def _gather(pool: torch.Tensor, blocks: torch.Tensor, rows: int) -> torch.Tensor:

@@ -7,7 +7,9 @@ prompts wait as sequences decode, the step takes up to BURST budgets instead, so
 of requests starts decoding together rather than one budget at a time. Prompts go in arrival
 order, packed end to end in the step's row; the last one may be cut, and continues from its
 cached part at the next step. A prompt whose cached prefix another sequence has just finished
-computing takes those blocks rather than computing them again (blocks.py `extend_prefix`).
+computing takes those blocks rather than computing them again (blocks.py `extend_prefix`), and
+one whose next block a prompt ahead of it is computing waits for it rather than compute it too:
+a burst of prompts with one system prompt computes it once.
 
 A sequence recomputed after preemption comes through here too, its answer so far with its
 prompt: its last token's logits give its next token, as a decode step's would.
@@ -63,9 +65,13 @@ class PackedPrefill:
         """This step's pieces: queued prompts in order, up to `budget` tokens (BURST budgets when
         no more sequences are `decoding` than prompts are queued)."""
         room = self.budget * (BURST if len(self.queue) >= decoding else 1)
-        pieces = []
+        pieces, coming = [], set()  # the prefix keys of blocks that prompts ahead are computing
         for seq in self.queue:
             self.blocks.extend_prefix(seq)
+            keys = self.blocks.upcoming_keys(seq)
+            if keys and keys[0] in coming and seq.computed % self.blocks.block_size == 0:
+                continue  # a prompt ahead computes the same next block: wait, and take it from the cache
+            coming.update(keys)
             take = min(seq.num_tokens - seq.computed, room)
             pieces.append(Piece(seq, seq.computed, seq.computed + take))
             room -= take

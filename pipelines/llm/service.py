@@ -63,11 +63,12 @@ class ChatService:
         else:
             converted, images = to_model_messages(messages, max_pixels=2**31, max_bytes=2**31, remote_images=False)
         prompt = model.encode(converted, images)
-        room = self.engine.max_tokens - len(prompt.token_ids)
+        limit = self.engine.max_sequence_tokens
+        room = limit - len(prompt.token_ids)
         if room < 1:
-            held = "this model's context" if self.engine.max_tokens == model.max_context else "this server's KV cache"
-            raise InvalidRequest(f"the prompt is {len(prompt.token_ids)} tokens; {held} holds "
-                                 f"{self.engine.max_tokens}", param="messages", code="context_length_exceeded")
+            held = "this model's context" if limit == model.max_context else "this server's KV cache"
+            raise InvalidRequest(f"the prompt is {len(prompt.token_ids)} tokens; {held} holds {limit}",
+                                 param="messages", code="context_length_exceeded")
         if max_tokens is not None and max_tokens > settings.chat_max_tokens:
             raise InvalidRequest(f"max_tokens is {max_tokens}; this server allows at most {settings.chat_max_tokens}",
                                  param="max_tokens")
