@@ -32,8 +32,9 @@ QUESTIONS = ["What is in the picture?", "Which colours stand out?", "Where would
 
 
 def build_vision_model(folder, text: dict) -> dict:
-    """A LLaVA: the chat benchmark's Llama decoder (`text`, random weights) with a small CLIP tower
-    (112-pixel images in 14-pixel patches: 64 image tokens each), vidserve's byte-level tokenizer."""
+    """A LLaVA: the chat benchmark's Llama decoder (`text`, random weights, answering in printable
+    ASCII) with a small CLIP tower (112-pixel images in 14-pixel patches: 64 image tokens each),
+    vidserve's byte-level tokenizer."""
     from transformers import CLIPVisionConfig, LlamaConfig
 
     from vidserve.pipelines.llm.tiny import assemble_llava, build_chat_tokenizer
@@ -45,11 +46,26 @@ def build_vision_model(folder, text: dict) -> dict:
     config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **text)
     model, processor = assemble_llava(tokenizer, vision, config, 112, 14)
+    printable_ascii_only(model.lm_head.weight, tokenizer)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     params = sum(p.numel() for p in model.parameters())
     return {"class": "LlavaForConditionalGeneration", "text": "the Llama above", "vision_layers": 4,
             "image_tokens": 64, "parameters_m": round(params / 1e6, 1), "weights_mib": round(params * 4 / 2**20)}
+
+
+def printable_ascii_only(lm_head: torch.Tensor, tokenizer) -> None:
+    """Random weights emit random bytes: special tokens, which the answer's text leaves out, and
+    broken UTF-8, which it shows as U+FFFD; sent back in the next turn, either tokenizes otherwise
+    than generated. A trained model's answers come back as they were generated, and so must these:
+    the output layer is zeroed for every token but printable ASCII, whose rows are scaled up so far
+    that a zero logit is never drawn. Compute is unchanged."""
+    allowed = torch.zeros(lm_head.shape[0], dtype=torch.bool)
+    for char in map(chr, range(32, 127)):
+        allowed[tokenizer.convert_tokens_to_ids(tokenizer.tokenize(char))] = True
+    with torch.no_grad():
+        lm_head[~allowed] = 0
+        lm_head[allowed] *= 50
 
 
 def image_url(seed: int) -> str:
