@@ -168,7 +168,7 @@ def test_a_burst_sharing_a_system_prompt_computes_it_once_and_decodes_it_once(mo
 
     def run(cascade: bool):
         engine = LLMEngine(model)
-        engine._cascade = cascade
+        engine.cascade = cascade
         return [s.output_ids for s in finish(engine, *[engine.submit(p, params(seed=i, temperature=1.0, max_tokens=24))
                                                        for i, p in enumerate(prompts)])]
 

@@ -56,7 +56,7 @@ class LLMEngine:
         self.grammars = Grammars(model.tokenizer, model.vocab_size)
         self.cache = KVCache(model, kv_budget(model, max_running, kv_tokens), BLOCK_SIZE)
         self.blocks = BlockPool(self.cache.num_blocks, BLOCK_SIZE, prefix_cache)
-        self._cascade = cascade_supported(model.device)
+        self.cascade = cascade_supported(model.device)  # decoding reads shared prefix blocks once
         self.waiting: deque[Sequence] = deque()
         self.preempted: deque[Sequence] = deque()  # gave their blocks back; readmitted before anything waiting
         self.admitted: list[Sequence] = []  # holding blocks, in the order they were admitted
@@ -237,7 +237,7 @@ class LLMEngine:
 
     def _forward(self, pieces: list[Piece]) -> None:
         decoding = list(self.decoding)
-        inputs = build_step(self.model, self.cache, decoding, pieces, self.prefill.features, self._cascade)
+        inputs = build_step(self.model, self.cache, decoding, pieces, self.prefill.features, self.cascade)
         logits = self.model.forward(inputs_embeds=inputs.embeds, position_ids=inputs.positions, step=inputs.step,
                                     logits_at=inputs.logits_at)
         for seq in decoding:
