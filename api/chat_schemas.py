@@ -1,5 +1,5 @@
 """The contract of /v1/chat/completions: OpenAI's request shape, plus vidserve's
-`repetition_detection` and `ignore_eos` (benchmarks). Unsupported OpenAI fields are
+`repetition_detection`, `prefix_cache` and `ignore_eos` (benchmarks). Unsupported OpenAI fields are
 rejected by name rather than silently ignored."""
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ class ChatCompletionCreate(_Strict):
     response_format: ResponseFormat | None = None
     repetition_detection: bool | RepetitionOptions = True
     ignore_eos: bool = False
+    prefix_cache: bool = Field(True, description="Reuse the KV cache of a prompt that began the same way (and "
+                               "offer this one's); false computes the whole prompt and shares nothing.")
     user: str | None = None
 
     @field_validator("stop")
@@ -112,10 +114,16 @@ class ChatCompletionCreate(_Strict):
 # --- responses ---------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="Prompt tokens whose KV cache came from an earlier prompt that began "
+                                           "the same way (automatic prefix caching).")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class AssistantMessage(BaseModel):

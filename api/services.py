@@ -165,5 +165,6 @@ def build_chat_service(settings: Settings, metrics: Metrics) -> ChatService | No
 
     model = ChatModel.load(resolve_chat(settings.chat_model), settings.device, settings.dtype)
     engine = LLMEngine(model, max_running=settings.chat_max_running, max_waiting=settings.chat_max_waiting,
-                       prefill_tokens=settings.chat_prefill_tokens, metrics=metrics.chat)
+                       prefill_tokens=settings.chat_prefill_tokens, kv_tokens=settings.chat_kv_tokens,
+                       prefix_cache=settings.chat_prefix_cache, metrics=metrics.chat)
     return ChatService(engine, settings)

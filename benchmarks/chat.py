@@ -6,8 +6,9 @@ folder, float32) serves the same requests two ways, one after the other so they 
   vidserve  `vidserve serve --chat-model FOLDER`, streamed through the official `openai` SDK.
 
 Workload: request r is a chat-templated user message of 20-200 bytes (= tokens) with seed r, sampled at
-temperature 1 (top_p 1, no top_k) for exactly N new tokens (vidserve: ignore_eos, loop detection off;
-generate: min_new_tokens = max_new_tokens = N). At concurrency C there are C clients; client c sends
+temperature 1 (top_p 1, no top_k) for exactly N new tokens (vidserve: ignore_eos, loop detection off,
+prefix cache off, as each concurrency resends the first requests of the last; generate: min_new_tokens =
+max_new_tokens = N). At concurrency C there are C clients; client c sends
 requests c, c+C, c+2C, ... back to back (C*k requests in all).
 
 Timing. TTFT is time to the first visible text (vidserve streams nothing before it: random bytes often
@@ -24,7 +25,13 @@ Also measured, before the server starts: the decode ceiling, C x (a decode forwa
 (one for C sequences) over the same model and cache length, with no prefill, sampling or serving: what
 batching alone can give on this machine.
 
-    python benchmarks/chat.py [--quick] [--json PATH]
+Then the conversation workloads (chat_multi_turn.py), on a LLaVA made of the same Llama and a small CLIP
+tower, served with a configured KV cache: 16 conversations of 4 turns at once, sharing a ~1,500-token
+system prompt, each about its own image (time to first text per turn, prefix-cache hits, output tok/s
+beside the decode ceiling at the conversations' context), and the server's peak resident memory while
+16 requests run and 64 wait.
+
+    python benchmarks/chat.py [--quick] [--only throughput|conversations] [--json PATH]
 """
 
 from __future__ import annotations
@@ -46,14 +53,24 @@ from pathlib import Path
 import torch
 
 from api_overhead import start_server  # benchmarks/ is on sys.path: the same server start/stop as api_overhead's
+from chat_multi_turn import build_vision_model, measure_memory, measure_multi_turn, system_prompt
 
 # hidden 1024 x 8 layers (91M parameters): here one decode step takes ~25 ms for 1 sequence and ~60 ms
 # for 16, of which transformers' Python is ~2 ms (timed at hidden 64), so batching shares real compute,
 # not overhead. hidden 512 x 4 (~7 ms) is closer to the overhead; a bigger model would not fit ~5 min.
 MODEL = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-             num_key_value_heads=4, max_position_embeddings=1024)
-FULL = dict(tokens=64, requests={1: 4, 4: 8, 16: 32})  # concurrency: requests (k = 4, 2, 2 per client)
-QUICK = dict(tokens=8, requests={1: 2, 4: 4, 16: 16})
+             num_key_value_heads=4, max_position_embeddings=4096)
+FULL = dict(tokens=64, requests={1: 4, 4: 8, 16: 32},  # concurrency: requests (k = 4, 2, 2 per client)
+            conversations=dict(conversations=16, turns=4, system_bytes=1500, answer_tokens=32, running=16,
+                               waiting=64, kv_tokens=16384))
+QUICK = dict(tokens=8, requests={1: 2, 4: 4, 16: 16},
+             conversations=dict(conversations=4, turns=3, system_bytes=300, answer_tokens=8, running=16,
+                                waiting=8, kv_tokens=4096))
+# The contexts the multi-turn workload decodes at: system prompt, image, four questions and answers.
+CONVERSATION_CONTEXT = 1750
+# Resident memory beyond the weights and the KV cache: Python, torch, transformers and the server (some
+# 700 MiB idle), a step's activations, the waiting requests.
+MEMORY_MARGIN_MIB = 1024
 TEMPERATURE = 1.0
 WORDS = "the a video frame model token batch queue server fox snow river light night prompt cache step".split()
 
@@ -150,10 +167,14 @@ def decode_ceiling(folder: Path, concurrency: int, context: int = 120, steps: in
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
+    config = model.config
+    shape = (config.num_key_value_heads, context, config.hidden_size // config.num_attention_heads)
+
     def step_seconds(batch: int) -> float:
-        cache = DynamicCache()
+        # A cache of random keys and values: a decode step costs the same as after a real prefill.
+        cache = DynamicCache(ddp_cache_data=[(torch.randn(batch, *shape), torch.randn(batch, *shape))
+                                             for _ in range(config.num_hidden_layers)])
         with torch.inference_mode():
-            model(input_ids=torch.randint(0, 256, (batch, context)), cache=cache, use_cache=True, logits_to_keep=1)
             token = torch.randint(0, 256, (batch, 1))
             model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)  # warm-up
             start = time.perf_counter()
@@ -162,8 +183,8 @@ def decode_ceiling(folder: Path, concurrency: int, context: int = 120, steps: in
         return (time.perf_counter() - start) / steps
 
     one, many = step_seconds(1), step_seconds(concurrency)
-    return {"concurrency": concurrency, "step_ms_1": round(one * 1000, 1), f"step_ms_{concurrency}": round(many * 1000, 1),
-            "speedup_ceiling": round(concurrency * one / many, 2)}
+    return {"concurrency": concurrency, "context": context, "step_ms_1": round(one * 1000, 1),
+            f"step_ms_{concurrency}": round(many * 1000, 1), "speedup_ceiling": round(concurrency * one / many, 2)}
 
 
 def sequential(measured: list[dict], concurrency: int, tokens: int) -> dict:
@@ -190,7 +211,7 @@ async def measure_vidserve(url: str, model: str, prompts: list[str], concurrency
         stream = await client.chat.completions.create(
             model=model, messages=messages(prompts[r]), max_tokens=tokens, temperature=TEMPERATURE, top_p=1.0,
             seed=r, stream=True, stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True, "repetition_detection": False})
+            extra_body={"ignore_eos": True, "repetition_detection": False, "prefix_cache": False})
         first = last = usage = None
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -225,11 +246,41 @@ def summarize(mode: str, concurrency: int, generated: int, wall: float, ttft: li
             "itl_median_ms": round(statistics.median(itl) * 1000, 1)}
 
 
+def conversations(tmp: Path, work: dict, ceiling_context: int, text_folder: Path) -> dict:
+    """The multi-turn and memory workloads (chat_multi_turn.py) on a vision model with this Llama."""
+    folder = tmp / "vision-model"
+    vision = build_vision_model(folder, MODEL)
+    system = system_prompt(work["system_bytes"])
+    ceiling = decode_ceiling(text_folder, work["conversations"], context=ceiling_context)
+    env = {"VIDSERVE_CHAT_KV_TOKENS": str(work["kv_tokens"])}
+    with ExitStack() as stack:
+        (tmp / "vision-server").mkdir()
+        url = start_server(stack, tmp / "vision-server", env, ["--chat-model", str(folder)])
+        asyncio.run(measure_multi_turn(url, str(folder), 2, 1, "warm-up", 4))  # the first image, prefill, decode
+        print(f"multi-turn: {work['conversations']} conversations x {work['turns']} turns ...", file=sys.stderr)
+        turns = asyncio.run(measure_multi_turn(url, str(folder), work["conversations"], work["turns"], system,
+                                               work["answer_tokens"]))
+        print(f"memory: {work['running']} running, {work['waiting']} waiting ...", file=sys.stderr)
+        memory = measure_memory(url, str(folder), work["running"], work["waiting"], system, work["answer_tokens"])
+    per_token = 2 * MODEL["num_hidden_layers"] * MODEL["num_key_value_heads"] * \
+        (MODEL["hidden_size"] // MODEL["num_attention_heads"]) * 4
+    kv_mib = work["kv_tokens"] * per_token / 2**20
+    memory.update(weights_mib=vision["weights_mib"], kv_cache_mib=round(kv_mib), margin_mib=MEMORY_MARGIN_MIB,
+                  within=memory["peak_rss_mib"] <= vision["weights_mib"] + kv_mib + MEMORY_MARGIN_MIB)
+    ceiling_rate = work["conversations"] * 1000 / ceiling[f"step_ms_{work['conversations']}"]
+    turns["decode_ceiling"] = {**ceiling, "tok_s": round(ceiling_rate, 1),
+                               "share": round(turns["output_tok_s"] / ceiling_rate, 3)}
+    return {"vision_model": vision, "server_env": env, "system_prompt_bytes": work["system_bytes"],
+            "multi_turn": turns, "memory": memory}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 tokens, fewer requests: a smoke run")
     parser.add_argument("--prefill-tokens", type=int, default=None,
                         help="the server's VIDSERVE_CHAT_PREFILL_TOKENS (default: the server's default)")
+    parser.add_argument("--only", choices=["throughput", "conversations"], default=None,
+                        help="run one part (default: both)")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "chat.json")
     args = parser.parse_args()
     work = QUICK if args.quick else FULL
@@ -237,25 +288,55 @@ def main() -> int:
     # SIGTERM would end Python without unwinding; as SystemExit, the ExitStack still stops the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     prompts = make_prompts(max(requests.values()))
-    results, load = [], {}
+    report, results, load = {}, [], {}
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vidserve-chat-bench-")))
         folder = tmp / "model"
-        model_info = build_model(folder)
-        print(f"model {model_info}; torch threads {torch.get_num_threads()}", file=sys.stderr)
+        report["model"] = build_model(folder)
+        print(f"model {report['model']}; torch threads {torch.get_num_threads()}", file=sys.stderr)
+        if args.only != "conversations":
+            results, ceiling, measured, env = throughput(tmp, folder, prompts, tokens, requests, args, load)
+            report.update(workload={"output_tokens": tokens, "requests": {str(c): n for c, n in requests.items()},
+                                    "prompt_tokens_min_max": [min(m["prompt_tokens"] for m in measured),
+                                                              max(m["prompt_tokens"] for m in measured)],
+                                    "temperature": TEMPERATURE, "top_p": 1.0,
+                                    "server_flags": "--device cpu --dtype float32 --log-level warning "
+                                                    "(chat_max_running 16)", "server_env": env},
+                          rows=results, decode_ceiling=ceiling,
+                          generate_requests=[{k: round(v, 4) for k, v in m.items()} for m in measured])
+            print_throughput(results, ceiling, tokens)
+        if args.only != "throughput":
+            load["conversations_before"] = os.getloadavg()[0]
+            report["conversations"] = conversations(tmp, work["conversations"], CONVERSATION_CONTEXT, folder)
+            load["conversations_after"] = os.getloadavg()[0]
+            print_conversations(report["conversations"])
 
-        # Baseline first, in this process; the server starts only after, so they never compete for cores.
-        load["generate_before"] = os.getloadavg()[0]
-        print(f"generate: {len(prompts)} requests one at a time ...", file=sys.stderr)
-        measured = measure_generate(folder, prompts, tokens)
-        lengths = [m["prompt_tokens"] for m in measured]
-        ceiling = decode_ceiling(folder, max(requests))
-        load["generate_after"] = os.getloadavg()[0]
-        baseline = {c: sequential(measured[:n], c, tokens) for c, n in requests.items()}
+    load = {k: round(v, 2) for k, v in load.items()}  # this benchmark alone adds ~2 (2 busy threads)
+    report["machine"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__,
+                         "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+                         "loadavg_1m": load}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n1-min load {load}; JSON in {args.json}")
+    return 0
 
-        print("starting vidserve ...", file=sys.stderr)
-        (tmp / "server").mkdir()
-        env = {} if args.prefill_tokens is None else {"VIDSERVE_CHAT_PREFILL_TOKENS": str(args.prefill_tokens)}
+
+def throughput(tmp: Path, folder: Path, prompts: list[str], tokens: int, requests: dict, args, load: dict):
+    """generate one at a time, the decode ceiling, then vidserve at each concurrency."""
+    # Baseline first, in this process; the server starts only after, so they never compete for cores.
+    load["generate_before"] = os.getloadavg()[0]
+    print(f"generate: {len(prompts)} requests one at a time ...", file=sys.stderr)
+    measured = measure_generate(folder, prompts, tokens)
+    lengths = [m["prompt_tokens"] for m in measured]
+    ceiling = decode_ceiling(folder, max(requests))
+    load["generate_after"] = os.getloadavg()[0]
+    baseline = {c: sequential(measured[:n], c, tokens) for c, n in requests.items()}
+
+    print("starting vidserve ...", file=sys.stderr)
+    (tmp / "server").mkdir()
+    env = {} if args.prefill_tokens is None else {"VIDSERVE_CHAT_PREFILL_TOKENS": str(args.prefill_tokens)}
+    results = []
+    with ExitStack() as stack:
         url = start_server(stack, tmp / "server", env, ["--chat-model", str(folder)])
         # Warm-up, 4 at once: the first prefill and batched decode (30 bytes + 3 template tokens each).
         asyncio.run(measure_vidserve(url, str(folder), [c * 30 for c in "abcd"], 4, tokens, [33] * 4))
@@ -264,32 +345,43 @@ def main() -> int:
             print(f"vidserve: concurrency {c}, {n} requests ...", file=sys.stderr)
             results += [baseline[c], asyncio.run(measure_vidserve(url, str(folder), prompts[:n], c, tokens, lengths))]
         load["vidserve_after"] = os.getloadavg()[0]
-
     rate = {(r["mode"], r["concurrency"]): r["output_tok_s"] for r in results}
     for r in results:
         r["speedup_vs_generate"] = round(r["output_tok_s"] / rate["generate", r["concurrency"]], 2)
-    workload = {"output_tokens": tokens, "requests": {str(c): n for c, n in requests.items()},
-                "prompt_tokens_min_max": [min(lengths), max(lengths)], "temperature": TEMPERATURE, "top_p": 1.0,
-                "server_flags": "--device cpu --dtype float32 --log-level warning (chat_max_running 16)",
-                "server_env": env}
-    load = {k: round(v, 2) for k, v in load.items()}  # this benchmark alone adds ~2 (2 busy threads)
-    machine = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-               "python": platform.python_version(), "loadavg_1m": load}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"model": model_info, "workload": workload, "machine": machine,
-                                     "rows": results, "decode_ceiling": ceiling,
-                                     "generate_requests": [{k: round(v, 4) for k, v in m.items()} for m in measured]},
-                                    indent=2) + "\n")
+        if r["mode"] == "vidserve" and r["concurrency"] == ceiling["concurrency"]:
+            r["share_of_ceiling"] = round(r["speedup_vs_generate"] / ceiling["speedup_ceiling"], 3)
+            r["itl_vs_ceiling_step"] = round(r["itl_median_ms"] / ceiling[f"step_ms_{r['concurrency']}"], 3)
+    return results, ceiling, measured, env
 
+
+def print_throughput(results: list[dict], ceiling: dict, tokens: int) -> None:
     print("\n| mode | concurrency | requests | output tok/s | TTFT median s | TTFT p90 s | ITL median ms | "
           "vs generate |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r['mode']} | {r['concurrency']} | {r['requests']} | {r['output_tok_s']:.1f} | "
               f"{r['ttft_median_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['itl_median_ms']:.1f} | "
               f"{r['speedup_vs_generate']:.2f}x |")
-    print(f"\nbatched decode alone, no prefill: {ceiling}")
-    print(f"{tokens} output tokens per request; 1-min load {load}; JSON in {args.json}")
-    return 0
+    top = results[-1]
+    print(f"\nbatched decode alone, no prefill: {ceiling}; vidserve at {top['concurrency']}: "
+          f"{top.get('share_of_ceiling')} of the ceiling, ITL {top.get('itl_vs_ceiling_step')}x its step; "
+          f"{tokens} output tokens per request")
+
+
+def print_conversations(report: dict) -> None:
+    turns, memory = report["multi_turn"], report["memory"]
+    print("\n| turn | TTFT median s | prompt tokens (mean) | cached tokens (mean) | hit rate |\n"
+          "|---:|---:|---:|---:|---:|")
+    for t in turns["per_turn"]:
+        print(f"| {t['turn']} | {t['ttft_median_s']:.3f} | {t['prompt_tokens_mean']} | {t['cached_tokens_mean']} | "
+              f"{t['hit_rate']:.0%} |")
+    ceiling = turns["decode_ceiling"]
+    print(f"\nturns 2-{turns['turns']}: median TTFT {turns['later_turns_ttft_median_s']} s = "
+          f"{turns['later_vs_first_ttft']}x turn 1's; hit rate {turns['hit_rate']:.0%} over all turns; "
+          f"{turns['output_tok_s']} output tok/s = {ceiling['share']:.0%} of batched decode alone at "
+          f"{ceiling['concurrency']} x {ceiling['context']} tokens ({ceiling['tok_s']} tok/s)")
+    print(f"memory, {memory['running']} running and {memory['waiting']} waiting: peak RSS {memory['peak_rss_mib']} "
+          f"MiB (idle {memory['idle_rss_mib']}); weights {memory['weights_mib']} + KV cache {memory['kv_cache_mib']} + "
+          f"margin {memory['margin_mib']} MiB: {'within' if memory['within'] else 'OVER'}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,54 @@ def test_streamed_chunks_arrive_in_order_with_usage_last(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+SYSTEM = "You caption frames for a video studio, in one short sentence each. " * 4  # ~270 tokens
+
+
+def image_chat(colour) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": data_url(colour)}}]}]
+
+
+def cached(usage) -> int:
+    return usage.prompt_tokens_details.cached_tokens
+
+
+def test_a_repeated_request_is_answered_from_the_prefix_cache_the_same(server, client):
+    ask = dict(model="vlm-tiny", max_tokens=12, seed=5, temperature=1.0, messages=image_chat((12, 34, 56)),
+               extra_body={"ignore_eos": True, "repetition_detection": False})
+    first = client.chat.completions.create(**ask)
+    again = client.chat.completions.create(**ask)
+    uncached = client.chat.completions.create(**{**ask, "extra_body": {**ask["extra_body"], "prefix_cache": False}})
+    assert cached(first.usage) < 16  # at most the chat template's first tokens, which every prompt shares
+    assert cached(again.usage) >= 0.9 * again.usage.prompt_tokens and cached(uncached.usage) == 0
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert cached(chunks[-1].usage) == cached(again.usage)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert first.choices[0].message.content == again.choices[0].message.content == streamed == \
+        uncached.choices[0].message.content
+    assert metric(server, "vidserve_chat_prompt_tokens_cached_total") >= 2 * cached(again.usage)
+    assert 0 < metric(server, "vidserve_chat_prefix_cache_hit_rate") < 1
+    assert metric(server, "vidserve_chat_kv_blocks") > 0
+    eventually(lambda: metric(server, "vidserve_chat_kv_blocks_in_use") == 0, what="the answers' blocks given back")
+
+
+def test_a_follow_up_turn_reuses_the_conversation_so_far(client):
+    messages = image_chat((99, 0, 99))
+    first = client.chat.completions.create(model="vlm-tiny", max_tokens=8, seed=1, messages=messages)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And the background?"}]
+    second = client.chat.completions.create(model="vlm-tiny", max_tokens=8, seed=1, messages=messages)
+    assert cached(second.usage) >= (first.usage.prompt_tokens - 1) // 16 * 16
+
+
+def test_prefix_caching_off_for_the_server(tmp_path):
+    body = {"max_tokens": 4, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]}
+    with app_client(tmp_path, chat_model="vlm-tiny", chat_prefix_cache=False) as (http, _):
+        usages = [http.post("/v1/chat/completions", json=body).json()["usage"] for _ in range(2)]
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0, 0]
+
+
 def test_raw_stream_ends_with_done(server):
     body = {"model": "vlm-tiny", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:

@@ -197,7 +197,7 @@ def test_a_client_that_leaves_during_a_long_prefill_stops_it_within_one_pass(api
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(model, "forward", third_pass_loses_its_client)
-    body = ask(text="a long question " * 100, stream=stream)  # some 1,600 prompt tokens, 16 a pass
+    body = ask(text="a long question " * 100, stream=stream)  # some 1,600 prompt tokens, 8 x 16 a pass
     assert post_then_leave(app, body, leave) == 499
     eventually(lambda: engine.aborted_sequences == aborted + 1, timeout=30, what="the engine to drop the sequence")
     assert engine.prefill_passes == passes + 3  # the pass under way when the client left, and no more

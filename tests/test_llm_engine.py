@@ -79,7 +79,7 @@ def test_image_changes_the_answer(engine, model):
 def test_eight_concurrent_requests_share_decode_steps_and_match_solo_runs(model):
     engine = LLMEngine(model, max_running=8)
     outputs = {i: [] for i in range(8)}
-    prompts = [text_prompt(model, "x" * (3 + 7 * i)) for i in range(8)]  # different lengths: left padding
+    prompts = [text_prompt(model, "abcdefgh"[i] * (3 + 7 * i)) for i in range(8)]  # different lengths, no prefix shared
     for i in range(8):  # all queued before the loop starts: they are admitted together
         engine.submit(prompts[i], params(max_tokens=32, seed=i, ignore_eos=True), on_output=outputs[i].append)
     engine.start()
@@ -118,28 +118,40 @@ def test_sequences_join_and_leave_between_steps_without_changing_results(engine,
     assert results == solo
 
 
+def record_steps(model, monkeypatch) -> list:
+    """Each forward pass's (decoding tokens, [(prompt start, tokens) of each prefill piece])."""
+    steps = []
+    forward = model.forward
+
+    def recording(**inputs):
+        steps.append((inputs["step"].decoding, [(p.start, p.length) for p in inputs["step"].pieces]))
+        return forward(**inputs)
+
+    monkeypatch.setattr(model, "forward", recording)
+    return steps
+
+
 def test_a_prompt_past_the_prefill_budget_is_cut_across_steps_while_the_batch_keeps_decoding(model, monkeypatch):
     engine = LLMEngine(model, prefill_tokens=16)  # stepped by hand
-    passes = []
-    forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda cache, mask, *a, **kw: passes.append(mask.shape) or forward(
-        cache, mask, *a, **kw))
-    running = engine.submit(text_prompt(model, "hi"), params(max_tokens=200, ignore_eos=True))
+    steps = record_steps(model, monkeypatch)
+    # Two decoding, one prompt waiting: no burst, 16 prompt tokens a step.
+    running = [engine.submit(text_prompt(model, text), params(max_tokens=200, ignore_eos=True)) for text in "ab"]
     engine.step()
-    assert running.output_ids  # prefilled and decoding
+    assert all(seq.output_ids for seq in running)  # prefilled and decoding
     long_prompt = text_prompt(model, "a long question " * 8)
     assert len(long_prompt.token_ids) > 16 * 6
     long = engine.submit(long_prompt, params(max_tokens=8, seed=3, ignore_eos=True))
-    passes.clear()
+    steps.clear()
     while not long.output_ids:
-        before = len(running.output_ids)
+        before = [len(seq.output_ids) for seq in running]
         engine.step()
-        assert len(running.output_ids) == before + 1  # every step still decoded the running sequence
-    prefill_passes = [shape for shape in passes if len(shape) == 4]  # a packed pass has a 4D mask
-    assert len(prefill_passes) == -(-len(long_prompt.token_ids) // 16)
-    assert all(shape[2] <= 16 for shape in prefill_passes)
+        assert [len(seq.output_ids) for seq in running] == [n + 1 for n in before]  # every step decoded them
+    assert len(steps) == -(-len(long_prompt.token_ids) // 16)
+    assert all(decoding == 2 and sum(n for _, n in pieces) <= 16 for decoding, pieces in steps)
+    assert [start for _, pieces in steps for start, _ in pieces] == list(range(0, len(long_prompt.token_ids), 16))
     while not long.finished:
         engine.step()
+    monkeypatch.undo()
 
     solo = LLMEngine(model)  # the whole prompt in one pass
     alone = solo.submit(long_prompt, params(max_tokens=8, seed=3, ignore_eos=True))
@@ -148,22 +160,19 @@ def test_a_prompt_past_the_prefill_budget_is_cut_across_steps_while_the_batch_ke
     assert long.output_ids == alone.output_ids
 
 
-def test_prompts_arriving_together_are_packed_into_rows_and_answer_as_alone(model, monkeypatch):
+def test_prompts_arriving_together_are_packed_into_one_row_and_answer_as_alone(model, monkeypatch):
     engine = LLMEngine(model, prefill_tokens=12)  # stepped by hand; nothing decodes at first
-    passes = []
-    forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda cache, mask, *a, **kw: passes.append(mask.shape) or forward(
-        cache, mask, *a, **kw))
-    # The first is cut by the first pass, and finishes in row 0 of the next, beside the others.
-    prompts = [text_prompt(model, "w" * n) for n in (17, 2, 30, 5, 9, 1, 40)]
+    steps = record_steps(model, monkeypatch)
+    # The first step (a burst: 8 budgets) packs the first prompts and cuts one; the cut one
+    # finishes in a later step, beside the decoding others, at most 12 prompt tokens a step.
+    prompts = [text_prompt(model, letter * n) for letter, n in zip("pqrstuv", (17, 2, 30, 5, 9, 1, 40))]
     seqs = [engine.submit(p, params(max_tokens=6, seed=i, ignore_eos=True)) for i, p in enumerate(prompts)]
     while not all(s.finished for s in seqs):
         engine.step()
-    packed = [shape for shape in passes if len(shape) == 4]  # [rows, 1, new tokens, cached + new tokens]
-    assert any(rows > 1 for rows, _, _, _ in packed)  # several rows in one pass
-    assert any(rows > 1 and keys > width for rows, _, width, keys in packed)  # a cut prompt went on beside others
-    assert all(width <= 12 for _, _, width, _ in packed)
-    monkeypatch.setattr(model, "forward", forward)
+    assert len(steps[0][1]) > 1 and sum(n for _, n in steps[0][1]) == 12 * 8
+    assert any(decoding and any(start > 0 for start, _ in pieces) for decoding, pieces in steps[1:])
+    assert all(sum(n for _, n in pieces) <= 12 for decoding, pieces in steps[1:] if decoding)
+    monkeypatch.undo()
     for i, prompt in enumerate(prompts):
         solo = LLMEngine(model)
         alone = solo.submit(prompt, params(max_tokens=6, seed=i, ignore_eos=True))
@@ -177,9 +186,9 @@ def test_a_part_prefilled_sequence_can_be_aborted(model):
     running = engine.submit(text_prompt(model, "hi"), params(max_tokens=2000, ignore_eos=True))
     engine.step()  # nothing was decoding: prefilled whole
     outputs = []
-    seq = engine.submit(text_prompt(model, "several words of prompt"), params(), on_output=outputs.append)
+    seq = engine.submit(text_prompt(model, "several words of prompt " * 3), params(), on_output=outputs.append)
     engine.step()
-    assert not seq.output_ids and len(engine.prefill) == 1  # cut after 4 tokens
+    assert not seq.output_ids and len(engine.prefill) == 1  # cut after 8 x 4 tokens (a burst: 1 waits, 1 decodes)
     engine.abort(seq)
     engine.abort(running)
     engine.step()

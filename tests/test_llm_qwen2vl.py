@@ -119,3 +119,21 @@ def test_other_multimodal_rope_models_are_refused(model):
     other = SimpleNamespace(config=config, model=model.model.model, generation_config=model.model.generation_config)
     with pytest.raises(ValueError, match="multimodal rotary positions are not supported"):
         ChatModel(model.spec, other, model.processor, model.device)
+
+
+def test_a_follow_up_turn_from_the_prefix_cache_matches_transformers_generate(model):
+    """The second turn's image tokens, with their M-RoPE positions, come from the prefix cache,
+    and its answer goes on from the cached positions as generate's does."""
+    image = picture(84, 56, (30, 200, 90))
+    messages, images = request("what colour is the picture? " * 3, image)
+    engine = LLMEngine(model)
+    first = run(engine, model.encode(messages, images), 6)
+    finish(engine, [first])
+    follow_up = messages + [{"role": "assistant", "content": model.tokenizer.decode(first.output_ids)},
+                            {"role": "user", "content": [{"type": "text", "text": "and its shape?"}]}]
+    calls = model.vision_calls
+    prompt = model.encode(follow_up, images)
+    second = run(engine, prompt, 8)
+    finish(engine, [second])
+    assert second.cached_tokens >= prompt.image_spans[0].stop and model.vision_calls == calls
+    assert second.output_ids == reference(model, follow_up, images, 8)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import sys
@@ -300,8 +301,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vidserve.api.app import create_app
 
+    # vidserve's own loggers (the chat KV cache's size, expiry sweeps, webhook retries) print as uvicorn's do.
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    log_config["loggers"]["vidserve"] = {"handlers": ["default"], "level": args.log_level.upper(), "propagate": False}
     # ws_max_size: a WebSocket message past the largest body is refused (1009) before it is buffered whole.
     uvicorn.run(create_app(settings), host=settings.host, port=args.port, log_level=args.log_level,
+                log_config=log_config,
                 ws_max_size=settings.max_body_bytes)
     return 0
 

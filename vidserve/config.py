@@ -81,9 +81,15 @@ class Settings(BaseSettings):
     chat_model: str = Field("vlm-shapes", description="Model for /v1/chat/completions and prompt extension "
                             "(a name, hub id or local folder); empty: no chat.")
     chat_max_running: int = Field(16, gt=0, description="Sequences decoded together (continuous batching).")
-    chat_prefill_tokens: int = Field(256, gt=0, description="Prompt tokens per prefill row. While more sequences "
-                                     "decode than wait, a step prefills one row: how long a new prompt may delay "
+    chat_prefill_tokens: int = Field(256, gt=0, description="Prompt tokens a step prefills while more sequences "
+                                     "decode than wait (8 times as many otherwise): how long a new prompt may delay "
                                      "running answers.")
+    chat_kv_tokens: int | None = Field(None, gt=0, description="Tokens the chat KV cache holds, in blocks of 16 "
+                                       "(running sequences and cached prefixes); default: the smaller of "
+                                       "VIDSERVE_CHAT_MAX_RUNNING full contexts and half the memory free at start "
+                                       "(logged).")
+    chat_prefix_cache: bool = Field(True, description="Automatic prefix caching: prompts that begin like an earlier "
+                                    "one (system prompt, conversation so far, same images) reuse its KV cache.")
     chat_max_waiting: int = Field(64, ge=0, description="Chat requests waiting for a slot past which new ones get 429.")
     chat_max_tokens: int = Field(4096, gt=0, description="Most tokens one answer may generate.")
     chat_max_vision_pixels: int = Field(4096 * 4096, gt=0, description="Largest image (width*height) the chat "

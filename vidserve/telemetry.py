@@ -81,6 +81,16 @@ class ChatMetrics:
                                                registry=registry)
         self.running = Gauge("vidserve_chat_running", "Sequences in the decode batch.", registry=registry)
         self.waiting = Gauge("vidserve_chat_waiting", "Sequences waiting for a batch slot.", registry=registry)
+        self.cached_tokens = CounterMetric("vidserve_chat_prompt_tokens_cached", "Prompt tokens whose KV came "
+                                           "from the prefix cache.", registry=registry)
+        self.hit_rate = Gauge("vidserve_chat_prefix_cache_hit_rate", "Share of prompt tokens taken from the prefix "
+                              "cache, over requests that had it on.", registry=registry)
+        self.blocks_in_use = Gauge("vidserve_chat_kv_blocks_in_use", "KV cache blocks held by sequences.",
+                                   registry=registry)
+        self.blocks = Gauge("vidserve_chat_kv_blocks", "KV cache blocks in all.", registry=registry)
+        self.preemptions = CounterMetric("vidserve_chat_preemptions", "Sequences that gave their KV blocks back "
+                                         "to make room, to be recomputed.", registry=registry)
+        self._queried = self._hits = 0
 
     def token(self, seq) -> None:
         if seq.previous_token_at is None:
@@ -93,9 +103,22 @@ class ChatMetrics:
         self.prompt_tokens.inc(seq.prompt_len)
         self.generation_tokens.inc(len(seq.output_ids))
 
-    def load(self, running: int, waiting: int) -> None:
+    def prompt_cached(self, seq, cache_on: bool) -> None:
+        """A prompt's first prefill is done: how much of it came from the prefix cache."""
+        self.cached_tokens.inc(seq.cached_tokens)
+        if cache_on:
+            self._queried += seq.prompt_len
+            self._hits += seq.cached_tokens
+            self.hit_rate.set(self._hits / self._queried)
+
+    def preempted(self) -> None:
+        self.preemptions.inc()
+
+    def load(self, running: int, waiting: int, blocks_in_use: int, blocks: int) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
+        self.blocks_in_use.set(blocks_in_use)
+        self.blocks.set(blocks)
 
 
 class _StoreCollector:

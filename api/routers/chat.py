@@ -1,9 +1,10 @@
 """/v1/chat/completions: OpenAI's Chat Completions on the LLM engine — images as
 `image_url` parts, streaming as `chat.completion.chunk` events, structured outputs,
-loop detection. Bad input is a 400 before anything reaches the model (images included:
-their size, shape and the size the model's processor would scale them to); a full engine
-is a 429; a client that goes away frees its batch slot, also while its images are encoded
-or its prompt prefilled."""
+loop detection, the prefix cache's reuse as `usage.prompt_tokens_details.cached_tokens`.
+Bad input is a 400 before anything reaches the model (images included: their size, shape
+and the size the model's processor would scale them to); a full engine is a 429; a client
+that goes away frees its batch slot, also while its images are encoded or its prompt
+prefilled."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from vidserve.errors import EngineOverloaded
 
 from ..auth import authenticate
 from ..chat_schemas import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, Choice,
-                            ChunkChoice, Delta, Usage)
+                            ChunkChoice, Delta, PromptTokensDetails, Usage)
 from ..errors import APIError
 from ..responses import ErrorDetail, ErrorResponse
 from ..services import Services, services
@@ -40,7 +41,8 @@ async def create_chat_completion(body: ChatCompletionCreate, request: Request, s
     call = await run_in_threadpool(
         chat.prepare, [m.model_dump() for m in body.messages], max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=tuple(body.stop or ()),
-        ignore_eos=body.ignore_eos, repetition=body.repetition, response_format=body.format_dict())
+        ignore_eos=body.ignore_eos, repetition=body.repetition, response_format=body.format_dict(),
+        prefix_cache=body.prefix_cache)
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": chat.name}
     outputs = chat.stream(call)
     try:  # admission errors surface with the first output, as an HTTP status
@@ -110,7 +112,8 @@ async def _events(completion: dict, first, outputs, include_usage: bool):
 
 def _usage(out) -> Usage:
     return Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                 total_tokens=out.prompt_tokens + out.completion_tokens)
+                 total_tokens=out.prompt_tokens + out.completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens))
 
 
 def _raise_if_failed(out) -> None:

@@ -1,75 +1,136 @@
-"""The running batch: the KV cache of every running sequence, left-padded to one length.
+"""One engine step's forward pass: a single row of tokens, one per decoding sequence followed
+by the prompt pieces being prefilled, with their embeddings (image features at the image
+placeholders), positions (each sequence its own; M-RoPE's three rows for Qwen2-VL), the KV
+slots they write, what their attention reads (paged_attention.py), and where logits are wanted.
 
-Continuous batching on an ordinary transformers model: sequences join between decode
-steps (each prompt's cache is padded on the left and concatenated) and leave between
-steps (their rows are dropped, and columns that became all padding are trimmed). The
-attention mask hides the padding; each row's position ids count only its real tokens,
-so a sequence computes the same thing whatever it is batched with.
+Sequences share the step's matrix multiplies and nothing else: each token's position and
+attention are its own sequence's, so a seeded answer is the same whatever it runs beside.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from transformers import DynamicCache
+from dataclasses import dataclass
 
+import torch
+
+from .kv_cache import KVCache
+from .model import ChatModel
+from .paged_attention import PagedStep, PrefillPiece
 from .sequence import Sequence
 
-
-class RunningBatch:
-    def __init__(self) -> None:
-        self.seqs: list[Sequence] = []
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # [batch, cached length], 1 = real token
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-    def join(self, seqs: list[Sequence], caches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        """Add sequences, each with its prompt's cache (per layer: keys, values [1, heads, tokens, d])."""
-        if not seqs:
-            return
-        parts = ([[(layer.keys, layer.values) for layer in self.cache.layers]] if self.seqs else []) + caches
-        masks = ([self.mask] if self.seqs else []) + [
-            torch.ones(1, kv[0][0].shape[2], dtype=torch.long, device=kv[0][0].device) for kv in caches]
-        length = max(m.shape[1] for m in masks)
-        self.cache = DynamicCache(ddp_cache_data=[
-            (torch.cat([_pad_left(part[i][0], length) for part in parts]),
-             torch.cat([_pad_left(part[i][1], length) for part in parts]))
-            for i in range(len(parts[0]))
-        ])
-        self.mask = torch.cat([_pad_left(m, length) for m in masks])
-        self.seqs += seqs
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep these rows (in order); drop the rest and the padding only they needed."""
-        if len(rows) == len(self.seqs):
-            return
-        self.seqs = [self.seqs[i] for i in rows]
-        if not rows:
-            self.cache = self.mask = None
-            return
-        index = torch.tensor(rows, device=self.mask.device)
-        self.mask = self.mask[index]
-        start = int(self.mask.any(0).to(torch.int8).argmax())  # first column someone still uses
-        self.mask = self.mask[:, start:]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[index, :, start:]
-            layer.values = layer.values[index, :, start:]
-
-    def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(input_ids [B,1], attention_mask [B,L+1], position_ids [B,1]) for the next step."""
-        device = self.mask.device
-        ids = torch.tensor([[s.last_token] for s in self.seqs], device=device)
-        positions = self.mask.sum(1, keepdim=True)
-        self.mask = torch.cat([self.mask, torch.ones_like(positions)], dim=1)
-        return ids, self.mask, positions
+# Shared blocks worth a cascade: below this, reading them with each sequence's own costs less than
+# the second attention call (benchmarks/RESULTS.md, "Chat: paged attention on CPU").
+CASCADE_BLOCKS = 8
 
 
-def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
-    """Pad dim 2 of a [B,H,L,D] cache tensor (or dim 1 of a [B,L] mask) on the left with zeros."""
-    missing = length - (t.shape[2] if t.dim() == 4 else t.shape[1])
-    if missing == 0:
-        return t
-    pad = (0, 0, missing, 0) if t.dim() == 4 else (missing, 0)
-    return F.pad(t, pad)
+@dataclass(frozen=True)
+class Piece:
+    """Tokens [start, stop) of a sequence, computed in this step."""
+
+    seq: Sequence
+    start: int
+    stop: int
+
+    @property
+    def done(self) -> bool:
+        """Its last token is the sequence's last: its logits give the next token."""
+        return self.stop == self.seq.num_tokens
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    embeds: torch.Tensor  # [1, tokens, hidden]
+    positions: torch.Tensor  # [1, tokens], or [3, 1, tokens] for M-RoPE
+    step: PagedStep
+    logits_at: torch.Tensor  # columns: every decoding token's, then each finished piece's last
+
+
+def build_step(model: ChatModel, cache: KVCache, decoding: list[Sequence], pieces: list[Piece],
+               features: dict[int, dict[int, torch.Tensor]], cascade: bool = False) -> StepInputs:
+    """`features`: per sequence id, the image features its pieces need, by image index; `cascade`:
+    decoding sequences that begin with the same blocks read them once (paged_attention.py)."""
+    device, size = model.device, cache.block_size
+    row = [Piece(seq, seq.computed, seq.computed + 1) for seq in decoding] + pieces
+    ids = [token for p in row for token in p.seq.token_ids(p.start, p.stop)]
+    embeds = model.embed(ids)
+    columns, at = [], 0
+    for p in row:
+        columns.append(at)
+        at += p.stop - p.start
+    for p, column in zip(pieces, columns[len(decoding):]):
+        _place_images(embeds[column:column + p.stop - p.start], p, features.get(p.seq.id, {}))
+
+    positions = torch.cat([_positions(model, p) for p in row], dim=-1)
+    slots = torch.cat([_slots(p, size) for p in row]).to(device)
+    decode_blocks = decode_mask = shared = None
+    if decoding:
+        first = _shared_blocks(decoding, size) if cascade else 0
+        if first:
+            shared = torch.tensor(decoding[0].block_table[:first], device=device)
+        lengths = torch.tensor([s.computed + 1 - first * size for s in decoding])
+        most = -(-int(lengths.max()) // size)
+        decode_blocks = torch.tensor([_padded(s.block_table[first:first + most], most) for s in decoding],
+                                     device=device)
+        decode_mask = (torch.arange(most * size)[None] < lengths[:, None])[:, None, None].to(device)
+        if first:  # the log-sum-exp kernel takes an additive mask of the query's dtype
+            dtype = cache.keys[0].dtype
+            decode_mask = torch.zeros(decode_mask.shape, dtype=dtype, device=device).masked_fill_(
+                ~decode_mask, float("-inf"))
+    prefill = tuple(_prefill_piece(p, column, size, device) for p, column in zip(pieces, columns[len(decoding):]))
+    logits_at = list(range(len(decoding))) + [column + p.stop - p.start - 1
+                                              for p, column in zip(pieces, columns[len(decoding):]) if p.done]
+    step = PagedStep(cache, slots, len(decoding), decode_blocks, decode_mask, prefill, shared)
+    return StepInputs(embeds[None], positions.unsqueeze(-2).to(device), step,
+                      torch.tensor(logits_at, dtype=torch.long, device=device))
+
+
+def _shared_blocks(decoding: list[Sequence], size: int) -> int:
+    """How many blocks all decoding sequences begin with (0 below CASCADE_BLOCKS, or for one)."""
+    if len(decoding) < 2:
+        return 0
+    tables = [s.block_table for s in decoding]
+    limit = min(s.computed // size for s in decoding)  # full before this step's token, never written again
+    shared = 0
+    while shared < limit and all(t[shared] == tables[0][shared] for t in tables):
+        shared += 1
+    return shared if shared >= CASCADE_BLOCKS else 0
+
+
+def _padded(blocks: list[int], length: int) -> list[int]:
+    return blocks + [0] * (length - len(blocks))  # block 0 stands in: masked
+
+
+def _place_images(embeds: torch.Tensor, p: Piece, features: dict[int, torch.Tensor]) -> None:
+    """Image features replace the placeholders of the piece's images, one for one."""
+    for i, span in enumerate(p.seq.prompt.image_spans):
+        first, last = max(span.start, p.start), min(span.stop, p.stop)
+        if first < last:
+            embeds[first - p.start:last - p.start] = features[i][first - span.start:last - span.start]
+
+
+def _positions(model: ChatModel, p: Piece) -> torch.Tensor:
+    """[tokens], or [3, tokens] for M-RoPE: a prompt's own positions, then (generated tokens)
+    the token's index plus the prompt's rope delta in all three rows."""
+    if not model.mrope:
+        return torch.arange(p.start, p.stop)
+    prompt_len, parts = p.seq.prompt_len, []
+    if p.start < prompt_len:
+        parts.append(model.rope_positions(p.seq.prompt)[:, p.start:min(p.stop, prompt_len)].cpu())
+    if p.stop > prompt_len:
+        generated = torch.arange(max(p.start, prompt_len), p.stop) + p.seq.prompt.rope_delta
+        parts.append(generated.expand(3, -1))
+    return torch.cat(parts, dim=-1)
+
+
+def _slots(p: Piece, size: int) -> torch.Tensor:
+    index = torch.arange(p.start, p.stop)
+    return torch.tensor(p.seq.block_table)[index // size] * size + index % size
+
+
+def _prefill_piece(p: Piece, column: int, size: int, device) -> PrefillPiece:
+    length = p.stop - p.start
+    if p.start == 0:
+        return PrefillPiece(column, length, 0)
+    blocks = torch.tensor(p.seq.block_table[:-(-p.stop // size)], device=device)
+    mask = torch.arange(p.stop)[None] <= (p.start + torch.arange(length))[:, None]  # its past, itself, not after
+    return PrefillPiece(column, length, p.start, blocks, mask.to(device))

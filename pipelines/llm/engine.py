@@ -1,13 +1,21 @@
-"""The LLM engine: continuous batching over one resident model, on its own thread.
+"""The LLM engine: continuous batching over one resident model and a paged KV cache, on its own thread.
 
-Each step admits waiting sequences while there is room, encodes the next image of each
-admitted prompt that still has images to encode (encoding.py), runs one prefill pass over
-the prompts ready for it (prefill.py: packed, and while more sequences decode than wait,
-at most `prefill_tokens` of them; prompts that finish there get their first token, the
-time to first token, and join the running batch), then one decode step for every running
-sequence at once, then retires the finished ones. Sequences join and leave between
-steps, so a long answer never holds up a short one and concurrent requests share every
-decode step; an aborted sequence leaves at the next step, whichever stage it is in.
+Each step admits waiting sequences while there is room (a batch slot, and blocks of the KV
+cache for their tokens: blocks.py, the cached prefix shared), encodes the next image of each
+admitted prompt that still needs one (encoding.py), makes room for every decoding sequence's
+next token, then runs one forward pass (batch.py) over one token of every decoding sequence
+and the prompt pieces that fit this step's prefill budget (prefill.py); prompts that finish
+there get their first token, the time to first token, and decode from the next step. Then the
+finished ones leave, giving their blocks back. Sequences join and leave between steps, moving
+no other sequence's cache, so a long answer never holds up a short one and concurrent requests
+share every step; an aborted sequence leaves at the next step, whichever stage it is in.
+
+When the pool runs out of blocks, the most recently admitted sequence gives its blocks back and
+waits ahead of every request not yet admitted (which alone count towards `max_waiting`, so a
+preemption never turns a new request away); readmitted, it is recomputed (its prompt and answer so far, the
+cached part of them taken from the prefix cache) and goes on where it stopped, drawing from its
+own seeded generator, so its answer does not change.
+
 Callers submit from any thread and get `Output`s through a callback; the async `stream`
 and blocking `generate` wrap that.
 """
@@ -23,10 +31,13 @@ import torch
 
 from vidserve.errors import EngineOverloaded, InvalidRequest
 
-from .batch import RunningBatch
+from .batch import Piece, build_step
+from .blocks import BlockPool
 from .encoding import ImageEncoding
 from .grammar import Grammars, mask_logits
+from .kv_cache import BLOCK_SIZE, KVCache, kv_budget
 from .model import ChatModel, Prompt
+from .paged_attention import cascade_supported
 from .prefill import PackedPrefill
 from .repetition import RepetitionDetector, exempt_token_ids
 from .sampler import sample
@@ -35,19 +46,28 @@ from .sequence import Output, SamplingParams, Sequence, Status
 
 class LLMEngine:
     def __init__(self, model: ChatModel, *, max_running: int = 16, max_waiting: int = 64,
-                 prefill_tokens: int = 256, metrics=None):
+                 prefill_tokens: int = 256, kv_tokens: int | None = None, prefix_cache: bool = True,
+                 metrics=None):
+        """`kv_tokens`: the KV cache's size (None: from free memory); `prefix_cache`: False
+        turns automatic prefix caching off for every request."""
         self.model = model
         self.max_running, self.max_waiting = max_running, max_waiting
         self.metrics = metrics  # telemetry.ChatMetrics or None
         self.grammars = Grammars(model.tokenizer, model.vocab_size)
+        self.cache = KVCache(model, kv_budget(model, max_running, kv_tokens), BLOCK_SIZE)
+        self.blocks = BlockPool(self.cache.num_blocks, BLOCK_SIZE, prefix_cache)
+        self.cascade = cascade_supported(model.device)  # decoding reads shared prefix blocks once
         self.waiting: deque[Sequence] = deque()
-        self.encoding = ImageEncoding(model)  # admitted, image features not yet all computed
-        self.prefill = PackedPrefill(model, prefill_tokens)  # admitted, prompts not yet all cached
-        self.batch = RunningBatch()
+        self.preempted: deque[Sequence] = deque()  # gave their blocks back; readmitted before anything waiting
+        self.admitted: list[Sequence] = []  # holding blocks, in the order they were admitted
+        self.encoding = ImageEncoding(model)  # admitted, needed image features not yet all computed
+        self.prefill = PackedPrefill(self.blocks, prefill_tokens)  # admitted, tokens not yet all cached
+        self.decoding: list[Sequence] = []
         self.decode_steps = 0  # with decoded_tokens: the mean decode batch size
         self.decoded_tokens = 0
-        self.prefill_passes = 0
+        self.prefill_passes = 0  # steps that prefilled
         self.aborted_sequences = 0  # dropped because their caller went away
+        self.preemptions = 0  # sequences that gave their blocks back to make room
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -55,12 +75,20 @@ class LLMEngine:
 
     # -- submitting ------------------------------------------------------------------------
 
+    @property
+    def max_sequence_tokens(self) -> int:
+        """The longest sequence, prompt and answer, the engine runs: the model's context, or the
+        whole KV cache if that is smaller."""
+        return min(self.model.max_context, self.blocks.capacity)
+
     def submit(self, prompt: Prompt, params: SamplingParams, grammar=None, on_output=lambda _: None) -> Sequence:
-        if len(prompt.token_ids) + params.max_tokens > self.model.max_context:
+        limit = self.max_sequence_tokens
+        if len(prompt.token_ids) + params.max_tokens > limit:
+            held = ("this model's context" if limit == self.model.max_context
+                    else "this server's KV cache (VIDSERVE_CHAT_KV_TOKENS)")
             raise InvalidRequest(
-                f"this model's context is {self.model.max_context} tokens; the prompt has "
-                f"{len(prompt.token_ids)} and max_tokens asks for {params.max_tokens} more", param="max_tokens",
-                code="context_length_exceeded")
+                f"{held} holds {limit} tokens; the prompt has {len(prompt.token_ids)} and max_tokens asks for "
+                f"{params.max_tokens} more", param="max_tokens", code="context_length_exceeded")
         rep = params.repetition
         detector = RepetitionDetector(rep, exempt_token_ids(self.model.tokenizer, rep.exempt)) if rep.enabled else None
         matcher = self.grammars.matcher(grammar) if grammar is not None else None
@@ -115,7 +143,7 @@ class LLMEngine:
     @property
     def running(self) -> int:
         """Sequences holding a slot: decoding, or having their images encoded or prompt prefilled."""
-        return len(self.batch) + len(self.prefill) + len(self.encoding)
+        return len(self.admitted)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -137,7 +165,7 @@ class LLMEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self.waiting and not self.running:
+                while not self._stopping and not self.waiting and not self.preempted and not self.running:
                     self._cond.wait()
                 if self._stopping:
                     return
@@ -148,34 +176,36 @@ class LLMEngine:
         self._drop_aborted()
         self._admit()
         self._encode_images()
-        pieces = self.prefill.plan(decoding=len(self.batch))
+        self._make_room()
+        pieces = self.prefill.plan(decoding=len(self.decoding))
         try:
-            if pieces:
-                self._prefill(pieces)
-                self._retire()
-            if self.batch.seqs:
-                self._decode()
-                self._retire()
+            if pieces or self.decoding:
+                self._forward(pieces)
         except Exception as exc:  # a failed step fails its sequences, never the engine
-            failed = [p.seq for p in pieces] + self.batch.seqs
-            self.prefill.discard(failed)
-            for seq in failed:
+            for seq in [p.seq for p in pieces] + self.decoding:
                 if not seq.finished:
                     self._fail(seq, exc)
-            self.batch = RunningBatch()
+        self._retire()
         if self.metrics is not None:
-            self.metrics.load(self.running, len(self.waiting))
+            self.metrics.load(self.running, len(self.waiting) + len(self.preempted), self.blocks.in_use,
+                              self.blocks.num_blocks)
 
     def _admit(self) -> None:
-        admitted: list[Sequence] = []
-        with self._cond:
-            while self.waiting and self.running + len(admitted) < self.max_running:
-                admitted.append(self.waiting.popleft())
-        for seq in admitted:
-            if seq.prompt.images:
+        while self.running < self.max_running:
+            with self._cond:
+                line = self.preempted or self.waiting
+                if not line:
+                    return
+                seq = line[0]  # only this thread takes from the left
+            if not self.blocks.admit(seq):
+                return  # first come, first served: the head waits for blocks, and the rest behind it
+            with self._cond:
+                line.popleft()
+            self.admitted.append(seq)
+            if self.encoding.needs(seq):
                 self.encoding.add(seq)
             else:
-                self._to_prefill(seq)
+                self._to_prefill(seq, {})
 
     def _encode_images(self) -> None:
         encoded, failed = self.encoding.step()
@@ -184,29 +214,51 @@ class LLMEngine:
         for seq, features in encoded:
             self._to_prefill(seq, features)
 
-    def _to_prefill(self, seq: Sequence, features: list[torch.Tensor] | None = None) -> None:
+    def _to_prefill(self, seq: Sequence, features: dict[int, torch.Tensor]) -> None:
         try:
             self.prefill.add(seq, features)
         except Exception as exc:  # e.g. image features that do not match the prompt's placeholders
             self._fail(seq, exc)
 
-    def _prefill(self, pieces) -> None:
-        finished, logits, caches = self.prefill.run(pieces)
-        self.prefill_passes += 1
-        for seq in finished:
-            seq.status = Status.running
-        self._sample_and_append(logits, finished)
-        self.batch.join(finished, caches)
+    def _make_room(self) -> None:
+        """A block for every decoding sequence's next token, oldest first; when the pool is out,
+        the most recently admitted sequence (the one needing it, at worst) gives its blocks back."""
+        for seq in [s for s in self.admitted if s.status is Status.running]:
+            while seq.status is Status.running and not self.blocks.append_slot(seq):
+                self._preempt(self.admitted[-1])
 
-    def _decode(self) -> None:
-        ids, mask, positions = self.batch.decode_inputs()
-        if self.model.mrope:  # generated text continues each prompt's M-RoPE positions, the same in all 3 rows
-            deltas = torch.tensor([[s.prompt.rope_delta] for s in self.batch.seqs], device=positions.device)
-            positions = (positions + deltas).expand(3, -1, -1)
-        logits = self.model.forward(self.batch.cache, mask, positions, input_ids=ids)
-        self.decode_steps += 1
-        self.decoded_tokens += len(self.batch)
-        self._sample_and_append(logits, self.batch.seqs)
+    def _preempt(self, seq: Sequence) -> None:
+        self._leave(seq)
+        seq.status = Status.waiting
+        self.preemptions += 1
+        if self.metrics is not None:
+            self.metrics.preempted()
+        self.preempted.appendleft(seq)  # the oldest of them first
+
+    def _forward(self, pieces: list[Piece]) -> None:
+        decoding = list(self.decoding)
+        inputs = build_step(self.model, self.cache, decoding, pieces, self.prefill.features, self.cascade)
+        logits = self.model.forward(inputs_embeds=inputs.embeds, position_ids=inputs.positions, step=inputs.step,
+                                    logits_at=inputs.logits_at)
+        for seq in decoding:
+            seq.computed += 1
+        for p in pieces:
+            p.seq.computed = p.stop
+        for seq in decoding + [p.seq for p in pieces]:
+            self.blocks.publish(seq)
+        done = [p.seq for p in pieces if p.done]
+        self.prefill.discard(done)
+        if decoding:
+            self.decode_steps += 1
+            self.decoded_tokens += len(decoding)
+        if pieces:
+            self.prefill_passes += 1
+        for seq in done:
+            seq.status = Status.running
+            if not seq.output_ids and self.metrics is not None:
+                self.metrics.prompt_cached(seq, self.blocks.prefix_cache and seq.prefix_cache)
+        self.decoding += done
+        self._sample_and_append(logits, decoding + done)
 
     def _sample_and_append(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         mask_logits(logits, [s.matcher for s in seqs])
@@ -229,25 +281,32 @@ class LLMEngine:
             self.metrics.finished(seq)
 
     def _retire(self) -> None:
-        self.batch.keep([i for i, s in enumerate(self.batch.seqs) if not s.finished])
+        for seq in [s for s in self.admitted if s.finished]:
+            self._leave(seq)
+
+    def _leave(self, seq: Sequence) -> None:
+        """Out of every stage, its blocks given back."""
+        self.encoding.discard([seq])
+        self.prefill.discard([seq])
+        if seq in self.decoding:
+            self.decoding.remove(seq)
+        if seq in self.admitted:
+            self.admitted.remove(seq)
+        self.blocks.release(seq)
 
     def _drop_aborted(self) -> None:
         with self._cond:
             aborted = [s for s in self.waiting if s.aborted]
             for seq in aborted:
                 self.waiting.remove(seq)
-        encoding = [s for s in self.encoding.seqs if s.aborted]
-        self.encoding.discard(encoding)
-        prefilling = [s for s in self.prefill.queue if s.aborted]
-        self.prefill.discard(prefilling)
-        for seq in aborted + encoding + prefilling + [s for s in self.batch.seqs if s.aborted and not s.finished]:
+        aborted += [s for s in self.preempted if s.aborted]
+        self.preempted = deque(s for s in self.preempted if not s.aborted)
+        aborted += [s for s in self.admitted if s.aborted and not s.finished]
+        for seq in aborted:
             self.aborted_sequences += 1
-            seq.status = Status.finished
-            seq.finish_reason = "abort"
-            self._emit(seq, Output("", True, seq.prompt_len, len(seq.output_ids), "abort"))
-        self._retire()
+            self._emit(seq, seq.final_output("abort"))
+            self._leave(seq)
 
     def _fail(self, seq: Sequence, exc: Exception) -> None:
-        seq.status = Status.finished
-        seq.finish_reason = "error"
-        self._emit(seq, Output("", True, seq.prompt_len, len(seq.output_ids), "error", error=str(exc)))
+        self._emit(seq, seq.final_output("error", str(exc)))
+        self._leave(seq)

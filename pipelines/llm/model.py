@@ -1,18 +1,20 @@
-"""The model layer of the LLM path: a transformers checkpoint behind three calls.
+"""The model layer of the LLM path: a transformers checkpoint behind a few calls.
 
 `encode` turns chat messages (and their images) into prompt token ids with the model's
-own processor and chat template; `prompt_embeddings` embeds them, running the vision
-encoder + projector only for images it has not seen (features are cached by content
-hash, and text-only prompts never touch the encoder); `forward` runs the decoder over a
-batch with a KV cache and returns the logits where the caller asks.
+own processor and chat template, and finds each image's placeholder span; `image_features`
+runs the vision encoder + projector for an image it has not seen (features are cached by
+content hash, and text-only prompts never touch the encoder); `embed` gives token
+embeddings; `forward` runs the decoder over one engine step's row of tokens, its attention
+reading and writing the paged KV cache (paged_attention.py), and returns the logits where the
+caller asks.
 
 Vision-language checkpoints load with `AutoModelForImageTextToText` + `AutoProcessor`
 (LLaVA-1.5, LLaVA-NeXT and other models whose image features replace placeholder
 tokens one for one); text-only ones with `AutoModelForCausalLM` + `AutoTokenizer`.
 Qwen2-VL and Qwen2.5-VL also place tokens with multimodal rotary positions (M-RoPE):
 `encode` computes each image prompt's (3, len) positions with the model's own
-`get_rope_index`, and the engine passes them (and, when decoding, the count of real
-tokens plus the prompt's `rope_delta`) explicitly.
+`get_rope_index`, and the engine passes them (and, for generated tokens, their index plus the
+prompt's `rope_delta`) explicitly.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from transformers import (
     AutoModelForImageTextToText,
     AutoProcessor,
     AutoTokenizer,
-    DynamicCache,
     Qwen2_5_VLProcessor,
     Qwen2VLProcessor,
 )
@@ -41,6 +42,8 @@ from vidserve.registry import ChatModelSpec
 
 from ..devices import placement
 from ..fetch import fetching
+from . import paged_attention
+from .prefix import ImageSpan
 from .tiny import build_tiny_vlm
 from .vision_size import processed_size
 
@@ -55,6 +58,7 @@ class Prompt:
     # three rows), and the position of generated token i is prompt tokens + i + `rope_delta`.
     positions: torch.Tensor | None = None
     rope_delta: int = 0
+    image_spans: list[ImageSpan] = field(default_factory=list)  # each image's placeholders, in order
 
 
 def _without_video(processor_class):
@@ -82,7 +86,8 @@ class ChatModel:
         config = model.config
         self.vision = hasattr(config, "vision_config")
         self.image_token_id = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
-        text_config = config.get_text_config(decoder=True)
+        self.text_config = text_config = config.get_text_config(decoder=True)
+        text_config._attn_implementation = paged_attention.NAME  # the decoder's alone: the vision tower keeps its own
         if "sliding_attention" in (getattr(text_config, "layer_types", None) or []):
             # The batch keeps full caches; a sliding window would silently attend too far.
             raise ValueError(f"{spec.name}: sliding-window attention layers are not supported by the engine yet")
@@ -146,7 +151,8 @@ class ChatModel:
             return Prompt(token_ids=list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
         encoded = self.processor(text=text, images=[i.image for i in images], add_special_tokens=False,
                                  return_tensors="pt")
-        prompt = Prompt(token_ids=encoded["input_ids"][0].tolist(), images=images)
+        ids = encoded["input_ids"][0].tolist()
+        prompt = Prompt(token_ids=ids, images=images, image_spans=self._image_spans(ids, images))
         if self.mrope:
             positions, delta = self.model.model.get_rope_index(
                 encoded["input_ids"], mm_token_type_ids=encoded["mm_token_type_ids"],
@@ -177,21 +183,24 @@ class ChatModel:
             return torch.arange(len(prompt.token_ids), device=self.device).expand(3, -1)
         return prompt.positions.to(self.device)
 
-    @torch.inference_mode()
-    def prompt_embeddings(self, prompt: Prompt, features: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """[tokens, hidden]: token embeddings with image features at the image placeholders
-        (`features`: those of the prompt's images, when already computed)."""
-        ids = torch.tensor(prompt.token_ids, device=self.device)
-        embeds = self.model.get_input_embeddings()(ids)
-        if prompt.images:
-            features = features if features is not None else [self.image_features(image) for image in prompt.images]
-            features = torch.cat(features).to(embeds.dtype)
-            slots = ids == self.image_token_id
-            if int(slots.sum()) != features.shape[0]:
-                raise InvalidRequest(f"the images gave {features.shape[0]} features for {int(slots.sum())} "
-                                     "image placeholders in the prompt", param="messages")
-            embeds[slots] = features
-        return embeds
+    def _image_spans(self, ids: list[int], images: list[ChatImage]) -> list[ImageSpan]:
+        """Which placeholders are whose: each image's are one run, in image order. Runs that
+        touch (two images with nothing between) are split evenly, as models whose images all
+        take the same number of tokens fill them."""
+        places = [i for i, token in enumerate(ids) if token == self.image_token_id]
+        runs = [[places[0]]] if places else []
+        for place in places[1:]:
+            if place == runs[-1][-1] + 1:
+                runs[-1].append(place)
+            else:
+                runs.append([place])
+        if len(runs) != len(images) and places and len(places) % len(images) == 0:
+            size = len(places) // len(images)
+            runs = [places[i:i + size] for i in range(0, len(places), size)]
+        if len(runs) != len(images) or any(run[-1] - run[0] + 1 != len(run) for run in runs):
+            raise InvalidRequest(f"{len(images)} images gave {len(runs)} runs of image tokens in the prompt; "
+                                 "put some text between the images", param="messages")
+        return [ImageSpan(run[0], run[-1] + 1, image.digest) for run, image in zip(runs, images)]
 
     def has_features(self, image: ChatImage) -> bool:
         """Whether `image_features` would come from the cache, without the vision encoder."""
@@ -219,31 +228,31 @@ class ChatModel:
                 self._features.popitem(last=False)
         return features
 
-    # -- decoding --------------------------------------------------------------------------
+    # -- decoding ---------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, cache: DynamicCache, attention_mask: torch.Tensor, position_ids: torch.Tensor, *,
-                input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                logits_at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Logits [batch, vocab] of each row's last position, or [n, vocab] at the n (rows,
-        columns) of `logits_at`; `cache` grows by the new tokens.
+    def embed(self, token_ids: list[int]) -> torch.Tensor:
+        """[tokens, hidden] token embeddings."""
+        return self.model.get_input_embeddings()(torch.tensor(token_ids, device=self.device))
 
-        `position_ids` is [batch, new tokens], or [3, batch, new tokens] for M-RoPE models:
-        given explicitly, Qwen2-VL never falls back on the `rope_deltas` it keeps from its
-        last call (one batch's, not each sequence's)."""
-        keep = 1
-        if logits_at is not None:  # the head runs only at the columns asked for
-            rows, columns = logits_at
-            keep, where = torch.unique(columns, return_inverse=True)
-        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                         position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=keep.to(self.device)
-                         if logits_at is not None else keep)
-        logits = out.logits[:, -1, :] if logits_at is None else out.logits[rows, where]
-        return logits.float()
+    @torch.inference_mode()
+    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, step: paged_attention.PagedStep,
+                logits_at: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] at the n columns `logits_at` (ascending) of one row of tokens.
+
+        `inputs_embeds` is [1, tokens, hidden]; `position_ids` [1, tokens], or [3, 1, tokens]
+        for M-RoPE models: given explicitly, Qwen2-VL never falls back on the `rope_deltas` it
+        keeps from its last call. The attention reads and writes the KV cache as `step` says;
+        the 4D placeholder mask only stops transformers from building a mask nobody reads."""
+        out = self.model(inputs_embeds=inputs_embeds, position_ids=position_ids, attention_mask=_NO_MASK,
+                         use_cache=False, logits_to_keep=logits_at, paged_step=step)
+        return out.logits[0].float()
+
+
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 
 
 def _text_of(content) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content)
-

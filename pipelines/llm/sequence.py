@@ -1,5 +1,5 @@
 """One request's life in the engine: its prompt, sampling parameters, generated tokens,
-text so far, and why it stopped."""
+text so far, its blocks of the KV cache, and why it stopped."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ class SamplingParams:
     seed: int | None = None  # the same seed, prompt and parameters give the same tokens
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: every request generates exactly max_tokens
+    prefix_cache: bool = True  # take cached prefix blocks and offer this request's own
     repetition: RepetitionOptions = field(default_factory=RepetitionOptions)
 
 
@@ -47,6 +48,7 @@ class Output:
     # cut by loop detection could not be closed in time).
     stop_reason: str | None = None
     error: str | None = None  # set with finish_reason "error": the engine failed this sequence
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class Status(Enum):
@@ -70,6 +72,14 @@ class Sequence:
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator(device=device).manual_seed(seed)  # on the logits' device
         self.status = Status.waiting
+        self.prefix_cache = params.prefix_cache
+        # The KV cache (blocks.py): the blocks of its tokens in order, how many tokens they hold
+        # computed, how many of those are offered to other sequences, the prefix keys of its full
+        # blocks so far, and how many prompt tokens came from the cache when it was first admitted.
+        self.block_table: list[int] = []
+        self.computed = self.published = 0
+        self.block_keys: list[bytes] = []
+        self.cached_tokens = 0
         self.output_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stop_reason: str | None = None
@@ -85,6 +95,18 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt and generated tokens."""
+        return len(self.prompt.token_ids) + len(self.output_ids)
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """Tokens [start, stop) of the prompt and answer together."""
+        prompt = self.prompt.token_ids
+        if stop <= len(prompt):
+            return prompt[start:stop]
+        return prompt[start:] + self.output_ids[max(start - len(prompt), 0):stop - len(prompt)]
 
     @property
     def last_token(self) -> int:
@@ -171,4 +193,12 @@ class Sequence:
         if not delta and not self.finished:
             return None
         self._emitted += len(delta)
-        return Output(delta, self.finished, self.prompt_len, len(self.output_ids), self.finish_reason, self.stop_reason)
+        return Output(delta, self.finished, self.prompt_len, len(self.output_ids), self.finish_reason, self.stop_reason,
+                      cached_tokens=self.cached_tokens)
+
+    def final_output(self, reason: str, error: str | None = None) -> Output:
+        """The last output of a sequence the engine ends itself (aborted, failed)."""
+        self.status = Status.finished
+        self.finish_reason = reason
+        return Output("", True, self.prompt_len, len(self.output_ids), reason, error=error,
+                      cached_tokens=self.cached_tokens)

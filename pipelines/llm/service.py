@@ -48,7 +48,7 @@ class ChatService:
     def prepare(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float = 1.0,
                 top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (), ignore_eos: bool = False,
                 repetition: RepetitionOptions | None = None, response_format: dict | None = None,
-                from_client: bool = True) -> ChatCall:
+                prefix_cache: bool = True, from_client: bool = True) -> ChatCall:
         """Decode the images, apply the chat template, bound the answer, compile the grammar.
 
         A client's images are held to the server's limits (size, bytes, remote fetching, the
@@ -63,15 +63,17 @@ class ChatService:
         else:
             converted, images = to_model_messages(messages, max_pixels=2**31, max_bytes=2**31, remote_images=False)
         prompt = model.encode(converted, images)
-        room = model.max_context - len(prompt.token_ids)
+        limit = self.engine.max_sequence_tokens
+        room = limit - len(prompt.token_ids)
         if room < 1:
-            raise InvalidRequest(f"the prompt is {len(prompt.token_ids)} tokens; this model's context is "
-                                 f"{model.max_context}", param="messages", code="context_length_exceeded")
+            held = "this model's context" if limit == model.max_context else "this server's KV cache"
+            raise InvalidRequest(f"the prompt is {len(prompt.token_ids)} tokens; {held} holds {limit}",
+                                 param="messages", code="context_length_exceeded")
         if max_tokens is not None and max_tokens > settings.chat_max_tokens:
             raise InvalidRequest(f"max_tokens is {max_tokens}; this server allows at most {settings.chat_max_tokens}",
                                  param="max_tokens")
         params = SamplingParams(max_tokens=max_tokens or min(room, settings.chat_max_tokens), temperature=temperature,
-                                top_p=top_p, seed=seed, stop=stop, ignore_eos=ignore_eos,
+                                top_p=top_p, seed=seed, stop=stop, ignore_eos=ignore_eos, prefix_cache=prefix_cache,
                                 repetition=repetition or RepetitionOptions())
         return ChatCall(prompt, params, self.engine.grammars.compile(response_format))
 
