@@ -295,13 +295,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vidserve.keys import KeyRing
 
     KeyRing.from_settings(settings.keys, settings.keys_file)  # a bad keys file stops here, in one line
-    import uvicorn
+    from vidserve.api.serving import serve
 
-    from vidserve.api.app import create_app
-
-    # ws_max_size: a WebSocket message past the largest body is refused (1009) before it is buffered whole.
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
-                ws_max_size=settings.max_body_bytes)
+    serve(settings, args.host, args.port, args.log_level)  # a port in use stops here, in one line
     return 0
 
 
