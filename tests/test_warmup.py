@@ -4,6 +4,7 @@ loaded and run when, never by timing (benchmarks/first_job.py measures the times
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from apps import app_client
@@ -92,3 +93,12 @@ def test_a_default_model_not_on_this_machine_is_not_fetched_to_warm_up(tmp_path,
     with app_client(tmp_path, warmup=True, default_model="Wan2.1-T2V-1.3B") as (client, _):
         eventually(lambda: ready(client), what="/readyz to say ready")
     assert loads == []
+
+
+def test_an_image_to_video_default_model_warms_up_from_a_gray_frame(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="vidserve.runner")
+    loads = counted_loads(monkeypatch)
+    with app_client(tmp_path, warmup=True, default_model="wan-tiny-i2v") as (client, _):
+        eventually(lambda: ready(client), what="/readyz to say ready")
+    assert loads == ["wan-tiny-i2v"]
+    assert any("warmed up wan-tiny-i2v" in r.getMessage() for r in caplog.records), caplog.text

@@ -250,7 +250,7 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
                        build_sender(settings, store), writer=writer)
     get_pipeline(spec, settings.device, settings.dtype, settings.load)  # resident before the first job arrives
     if settings.warmup:
-        runner.warm_up(spec.name)  # and its first calls made
+        runner.warm_up(model)  # and its first calls made
 
     app = make_celery(settings)
     schedule = RedisSchedule(store, settings.priority_aging_seconds)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import numpy as np
+from PIL import Image
 
 from vidserve import jobs
 from vidserve.config import Settings
@@ -154,15 +155,18 @@ class JobRunner:
         encodes a job makes, so that the first job pays for none of the first calls: imports, the
         load, each kernel's first run (on CUDA, its autotuning), ffmpeg's. A failure is logged and
         left to the first job, which reports it; weights not on this machine are never fetched for it."""
-        spec = resolve_local(model)
-        if not weights_here(spec):
-            log.info("no warm-up: the weights of %s are not on this machine", model)
-            return
         start = time.perf_counter()
         try:
+            spec = resolve_local(model)
+            if not weights_here(spec):
+                log.info("no warm-up: the weights of %s are not on this machine", model)
+                return
             from vidserve.pipelines.chain import generate_video
 
-            request = build_request(spec, self.settings, "warm-up", GenerationOptions(steps=WARM_UP_STEPS, seed=0))
+            # An image-to-video model takes a first frame: a gray one.
+            image = Image.new("RGB", (spec.width, spec.height), (128, 128, 128)) if spec.kind == "i2v" else None
+            request = build_request(spec, self.settings, "warm-up", GenerationOptions(steps=WARM_UP_STEPS, seed=0),
+                                    image=image)
             frames = generate_video(request, self.settings.device, self.settings.dtype, load=self.settings.load).frames
             with tempfile.TemporaryDirectory(prefix="warm-up-") as tmp:
                 segment = encode_segment(frames, request.fps)
