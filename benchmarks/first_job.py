@@ -78,8 +78,8 @@ def main() -> int:
     medians = {mode: {key: statistics.median(r[key] for r in results if r["warmup"] == mode)
                       for key in ("ratio", "cpu_ratio", "ready_seconds")} for mode in set(modes)}
     for mode, median in sorted(medians.items()):
-        print(f"warm-up {'on' if mode else 'off'}, medians over {args.repeats} servers: first/second {median['ratio']}x,"
-              f" CPU {median['cpu_ratio']}x; ready after {median['ready_seconds']} s")
+        print(f"warm-up {'on' if mode else 'off'}, medians over {args.repeats} servers: first/second "
+              f"{median['ratio']}x, CPU {median['cpu_ratio']}x; ready after {median['ready_seconds']} s")
     import torch
 
     machine = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),

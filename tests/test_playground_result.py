@@ -76,7 +76,8 @@ def new_video(page, before: str) -> str:
 def finished_and_playing(page) -> None:
     wait_until(page, "document.querySelector('#live-status').textContent.startsWith('completed')")
     # Playing: it has frames, is not paused, and its time moves on by itself.
-    wait_until(page, "(v => v.readyState >= 2 && !v.paused && v.currentTime > 0)(document.querySelector('#live-video'))")
+    playing = "(v => v.readyState >= 2 && !v.paused && v.currentTime > 0)(document.querySelector('#live-video'))"
+    wait_until(page, playing)
     start = page.evaluate("document.querySelector('#live-video').currentTime")
     wait_until(page, f"document.querySelector('#live-video').currentTime !== {start}")
 

@@ -6,8 +6,8 @@ key's oldest job), over every queued job: all models share the one worker, so th
 line. The line is read from the store at each pick, so a restart loses nothing but the keys'
 recent starts. On start it recovers jobs that were running when a previous process died (run
 again or, with their attempts used up, failed), then its thread warms up on the default model
-(`JobRunner.warm_up`; `warming` until done) before it takes the first job. After each job it does the same for a job
-the runner gave up during an outage, which Celery's lease reaper would recover there.
+(`JobRunner.warm_up`; `warming` until done) before it takes the first job. After each job it
+recovers a job the runner gave up during an outage, which Celery's lease reaper would recover there.
 """
 
 from __future__ import annotations

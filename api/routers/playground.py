@@ -65,4 +65,5 @@ def model_availability(svc: Services = Depends(services)) -> dict:
     the model a request that names none gets."""
     reasons = {name: svc.unavailable(spec) for name, spec in MODELS.items()}
     return {"object": "list", "default_model": svc.settings.default_model,
-            "data": [{"id": name, "available": reason is None, "reason": reason} for name, reason in reasons.items()]}
+            "data": [{"id": name, "available": reason is None, "reason": reason}
+                     for name, reason in reasons.items()]}

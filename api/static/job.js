@@ -222,7 +222,8 @@ function render(video) {
     statusChanged(video);
   }
   setEnabled($("cancel"), !TERMINAL.has(video.status) && !live.cancelling);
-  $("live-timings").replaceChildren(...timings(video).flatMap(([name, text]) => [el("dt", {}, name), el("dd", {}, text)]));
+  $("live-timings").replaceChildren(...timings(video).flatMap(([name, text]) => [el("dt", {}, name),
+                                                                                  el("dd", {}, text)]));
   for (const chunk of video.chunks ?? []) addChunk(live, chunk.index, chunk.frames, chunk.drift);
   const warnings = JSON.stringify(video.warnings ?? []);
   if (warnings !== live.warnings) { // they come with a chunk, or with the completed status
@@ -232,7 +233,7 @@ function render(video) {
 }
 
 // What the dark screen says while it has no picture to show.
-const SCREEN_NOTES = { queued: "Waiting for its turn…", in_progress: "It plays here as soon as its first chunk is made…",
+const SCREEN_NOTES = { queued: "Waiting for its turn…", in_progress: "It plays here once its first chunk is made…",
                        completed: "Loading the video…", failed: "No video: the job failed.",
                        cancelled: "No video: cancelled before a chunk was made." };
 

@@ -69,8 +69,8 @@ export function python(request, base) {
   } else if (request.kind === "extend") {
     const { seconds, video, ...extra } = rest;
     // The SDK's `video` takes only an upload: a reference to a video rides in extra_body.
-    body = call("extend", [["prompt", literal(prompt)], ["seconds", literal(String(seconds))], ["video", "openai.omit"]],
-                { ...extra, video });
+    body = call("extend", [["prompt", literal(prompt)], ["seconds", literal(String(seconds))],
+                           ["video", "openai.omit"]], { ...extra, video });
   } else {
     const own = Object.entries(rest).filter(([name]) => SDK_CREATE.has(name)).map(([name, v]) => [name, literal(v)]);
     const extra = Object.fromEntries(Object.entries(rest).filter(([name]) => !SDK_CREATE.has(name)));

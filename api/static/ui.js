@@ -74,7 +74,8 @@ export function progressDetail(video, now = Date.now() / 1000) {
     const total = video.steps_total ?? 0;
     const parts = [`generating · step ${done}/${total}`];
     const chunks = total && video.num_inference_steps ? Math.round(total / video.num_inference_steps) : 1;
-    if (chunks > 1) parts.push(`chunk ${Math.min(chunks, Math.floor(done / video.num_inference_steps) + 1)} of ${chunks}`);
+    const chunk = Math.min(chunks, Math.floor(done / video.num_inference_steps) + 1);
+    if (chunks > 1) parts.push(`chunk ${chunk} of ${chunks}`);
     // The steps so far at their pace: denoising is nearly all of a job.
     if (done && video.started_at) {
       parts.push(`about ${Math.max(1, Math.round(((now - video.started_at) * (total - done)) / done))} s left`);
@@ -82,7 +83,8 @@ export function progressDetail(video, now = Date.now() / 1000) {
     return parts.join(" · ");
   }
   if (video.status === "completed" && video.started_at && video.completed_at) {
-    return `made in ${video.completed_at - video.started_at} s · ${video.size}, ${video.num_frames} frames at ${video.fps} fps`;
+    const made = video.completed_at - video.started_at;
+    return `made in ${made} s · ${video.size}, ${video.num_frames} frames at ${video.fps} fps`;
   }
   if (video.status === "failed" && video.error) return `error code: ${video.error.code}`;
   return "";

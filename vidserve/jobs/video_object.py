@@ -74,7 +74,8 @@ class VideoObject(BaseModel):
                                                      "(on a server with keys, with a short-lived token for players).")
     has_input_reference: bool
     outputs: list[dict[str, Any]] = Field(description="Renditions beside video, thumbnail and spritesheet: "
-                                                      "content?variant=NAME once completed; `filename` is NAME with its format's extension.")
+                                                      "content?variant=NAME once completed; `filename` is NAME with "
+                                                      "its format's extension.")
     started_at: int | None
     attempts: int
     timings: dict[str, float] | None
