@@ -1,5 +1,6 @@
 # Everything a fresh machine needs, in one place. `make serve` and `make test` set up
 # .venv first (CPU torch 2.13 unless TORCH says otherwise, e.g. TORCH=torch for CUDA).
+# `make serve HOST=0.0.0.0 PORT=8080` listens elsewhere (a non-loopback HOST needs API keys).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
@@ -11,15 +12,18 @@ PORT ?= 8000
 
 setup: $(VENV)/.installed
 
+# Quiet: one line, then only what goes wrong. setuptools' note that an editable install maps its
+# folders (not a problem, and said of every project laid out like this one) is left out.
 $(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev]"
-	touch $@
+	@echo "setting up $(VENV): torch and the dependencies (a few minutes, once)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip
+	@$(BIN)/pip install -q "$(TORCH)"
+	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e ".[dev]"
+	@touch $@
 
 serve: setup
-	$(BIN)/vidserve serve --host $(HOST) --port $(PORT)
+	@$(BIN)/vidserve serve --host $(HOST) --port $(PORT)
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -77,6 +77,12 @@ def vidserve(*args: str) -> list[str]:
 
 
 def start_server(stack: ExitStack, tmp: Path, env: dict[str, str], extra: list[str]) -> str:
+    return server_process(stack, tmp, env, extra)[0]
+
+
+def server_process(stack: ExitStack, tmp: Path, env: dict[str, str],
+                   extra: list[str]) -> tuple[str, subprocess.Popen]:
+    """A `vidserve serve` in `tmp`, once ready: its URL and process (stopped when the stack closes)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # --log-level warning: no access-log line per 10 ms poll, which would cost this 2-core box more than the API does.
@@ -91,7 +97,7 @@ def start_server(stack: ExitStack, tmp: Path, env: dict[str, str], extra: list[s
             return False
 
     wait_until(ready, proc, log, "vidserve serve")
-    return url
+    return url, proc
 
 
 def start_redis(stack: ExitStack, tmp: Path, exe: str) -> str:
@@ -111,15 +117,21 @@ def start_redis(stack: ExitStack, tmp: Path, exe: str) -> str:
     return f"redis://127.0.0.1:{port}/0"
 
 
-def api_job(client: httpx.Client, url: str) -> None:
-    """POST, poll until completed, download the MP4: what a client waits for."""
-    video = client.post(f"{url}/v1/videos", json=JOB).raise_for_status().json()
+def completed_video(client: httpx.Client, url: str, job: dict, poll_s: float = POLL_S) -> dict:
+    """POST `job`, then poll it every `poll_s` until it is completed: its video object."""
+    video = client.post(f"{url}/v1/videos", json=job).raise_for_status().json()
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while video["status"] != "completed":
         if video["status"] in ("failed", "cancelled") or time.monotonic() > deadline:
             raise RuntimeError(f"job {video['id']} ended {video['status']}: {video.get('error')}")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
         video = client.get(f"{url}/v1/videos/{video['id']}").raise_for_status().json()
+    return video
+
+
+def api_job(client: httpx.Client, url: str) -> None:
+    """POST, poll until completed, download the MP4: what a client waits for."""
+    video = completed_video(client, url, JOB)
     mp4 = client.get(f"{url}/v1/videos/{video['id']}/content").raise_for_status().content
     assert len(mp4) > 0, "empty MP4"
 

@@ -19,6 +19,9 @@ from vidserve.webhooks import generate_secret
 # wan-shapes / vlm-shapes tests do. Set before any Settings is built; servers inherit it.
 os.environ.setdefault("VIDSERVE_DEFAULT_MODEL", "wan-tiny")
 os.environ.setdefault("VIDSERVE_CHAT_MODEL", "vlm-tiny")
+# No warm-up generation at each server's start: most tests never run a job, and those that do
+# measure nothing the first one pays for. tests/test_warmup.py turns it on.
+os.environ.setdefault("VIDSERVE_WARMUP", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,6 +8,7 @@ from vidserve.jobs.standing import Standing
 
 class IdleQueue:
     alive = True
+    warming = False
 
     def __init__(self) -> None:
         self.submitted: list[str] = []

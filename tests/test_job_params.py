@@ -37,7 +37,7 @@ FORM = {k: json.dumps(v) if isinstance(v, (dict, list)) else str(v).lower() if i
 
 WEB = Rendition(name="web", format="webm", codec="vp9", fps=24, fps_mode="blend", quality=40, width=48, height=40)
 WEB_SHOWN = {"name": "web", "format": "webm", "media_type": "video/webm", "codec": "vp9", "fps": 24,
-             "fps_mode": "blend", "quality": 40, "size": "48x40", "bytes": None}
+             "fps_mode": "blend", "quality": 40, "size": "48x40", "bytes": None, "filename": "web.webm"}
 
 # JobParams field -> (the value the job keeps, the video object's key, the value it shows there).
 # None as the key: the field is the worker's alone (the video object shows its effect elsewhere).

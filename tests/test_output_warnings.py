@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -18,7 +19,7 @@ from vidserve.jobs.video_object import VideoObject
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
 from vidserve.pipelines import chain
-from vidserve.media.quality import output_warnings
+from vidserve.media.quality import chunk_warnings, output_warnings
 from vidserve.registry import resolve
 from vidserve.options import GenerationOptions
 from vidserve.requests import build_request
@@ -115,8 +116,11 @@ STATIC = os.path.join(os.path.dirname(__file__), "..", "api", "static")
 ORIGIN = "http://127.0.0.1:9"  # nothing listens there: every request is answered by the routes below
 
 
-def test_the_playground_shows_a_videos_warnings(tmp_path):
-    """The page as served (static files, its CSP) against a fake API whose job ends blank."""
+@contextmanager
+def playground_with_one_job(tmp_path, completed_with):
+    """The page as served (static files, its CSP) against a fake API whose one job, submitted from
+    the form, ends completed as `completed_with(job)` leaves it (its frames black); yields the page
+    once the warnings show."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     if CHROMIUM is None:
         pytest.skip("no Chromium binary (apt-get install chromium, or set VIDSERVE_CHROMIUM)")
@@ -127,8 +131,8 @@ def test_the_playground_shows_a_videos_warnings(tmp_path):
     job = Job(id="video_blank", model="wan-tiny", prompt="a red fox in snow", params=params)
     queued = VideoObject.of(job).model_dump(mode="json")
     frames = np.zeros((33, 64, 64, 3), np.uint8)
-    job.status, job.progress, job.completed_at, job.warnings = JobStatus.completed, 100, job.created_at + 3, \
-        output_warnings(frames)
+    job.status, job.progress, job.completed_at = JobStatus.completed, 100, job.created_at + 3
+    completed_with(job, frames)
     completed = VideoObject.of(job).model_dump(mode="json")
     mp4 = encode_mp4(frames, tmp_path / "blank.mp4", fps=16).read_bytes()
     models = {"data": [{"id": "wan-tiny", "kind": "t2v", "size": "64x64", "fps": 16, "frames_per_chunk": 33}]}
@@ -164,11 +168,33 @@ def test_the_playground_shows_a_videos_warnings(tmp_path):
             assert page.is_hidden("#live-warnings")
             page.click("#generate")
             page.wait_for_selector("#live-warnings:not([hidden])")
-            assert page.text_content("#live-warnings") == (
-                "Warning: all 33 frames are nearly black (mean luma 0.0/255); try another seed or prompt")
-            assert page.get_attribute("#live-warnings", "role") == "status"
-            assert page.text_content("#live-status").startswith("completed")
-            page.screenshot(path=str(tmp_path / "warning.png"))
+            yield page
             assert not errors, errors
         finally:
             browser.close()
+
+
+def test_the_playground_shows_a_videos_warnings(tmp_path):
+    def blank(job, frames):
+        job.warnings = output_warnings(frames)
+
+    with playground_with_one_job(tmp_path, blank) as page:
+        assert page.text_content("#live-warnings") == (
+            "Warning: all 33 frames are nearly black (mean luma 0.0/255); try another seed or prompt")
+        assert page.get_attribute("#live-warnings", "role") == "status"
+        assert page.text_content("#live-status").startswith("completed")
+        page.screenshot(path=str(tmp_path / "warning.png"))
+
+
+def test_the_playground_flags_the_chunk_a_warning_names(tmp_path):
+    def second_chunk_blank(job, frames):
+        drift = {"luma_change": 0.0, "sharpness_ratio": 1.0, "histogram_distance": 0.0}
+        job.chunks = [{"index": i, "frames": 33 - i, "key": f"{job.id}/chunk-{i}.mp4", "drift": drift} for i in (0, 1)]
+        job.warnings = chunk_warnings(frames[:32], 1)
+
+    with playground_with_one_job(tmp_path, second_chunk_blank) as page:
+        assert page.text_content("#live-warnings") == ("Warning: chunk 2: all 32 frames are nearly black (mean luma "
+                                                       "0.0/255); try another seed or prompt")
+        page.wait_for_selector("#live-chunks li[data-index='1'] p.warning")
+        assert page.text_content("#live-chunks li[data-index='1'] p.warning") == "⚠ blank_output"
+        assert page.locator("#live-chunks li[data-index='0'] p.warning").count() == 0

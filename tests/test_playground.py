@@ -16,6 +16,7 @@ import shutil
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -62,19 +63,28 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+@contextmanager
+def checked_page(browser, viewport: dict, **context_options):
+    """A page in a context of its own; on leaving it, no uncaught errors in the page and nothing
+    loaded from the network: every request went to the server under test, or is a blob: or data: URL."""
+    context = browser.new_context(viewport=viewport, **context_options)
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     errors, hosts = [], set()
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("request", lambda request: hosts.add(urlsplit(request.url).netloc or urlsplit(request.url).scheme))
-    yield page
-    context.close()
+    try:
+        yield page
+    finally:
+        context.close()
     assert not errors, f"uncaught errors in the page: {errors}"
-    # Nothing loads from the network: every request went to the server under test, or is a blob: or data: URL.
     assert all(h.startswith("127.0.0.1:") or h in ("blob", "data") for h in hosts), hosts
+
+
+@pytest.fixture
+def page(browser):
+    with checked_page(browser, {"width": 1280, "height": 1000}) as page:
+        yield page
 
 
 def tab_to(page, selector: str, limit: int = 60) -> None:
@@ -223,6 +233,8 @@ def test_video_job_with_the_keyboard_then_cancel_one(servers, page, tmp_path):
         tab_to(page, field)
         page.keyboard.press("Control+A")
         page.keyboard.type(value)
+    tab_to(page, "#advanced summary")  # attention is under the form's "Advanced" fold
+    page.keyboard.press("Enter")
     tab_to(page, "input[name=attention]:checked")
     page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowRight")  # arrows move through a radio group: dense, then sparse

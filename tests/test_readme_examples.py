@@ -57,14 +57,27 @@ def test_readme_block(block, sandbox):
         assert block["reason"].strip(), "a not-run marker must give its reason"
         pytest.skip(f"not run: {block['reason']}")
     work, env, server = sandbox
-    before = {p: p.stat().st_mtime_ns for p in work.glob("*.mp4")}
+    before = {p: p.stat().st_mtime_ns for p in work.rglob("*.mp4")}
     done = subprocess.run([*RUN[block["lang"]], block["code"]], cwd=work, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, f"{block['code']}\n--- exit {done.returncode}:\n{done.stdout[-3000:]}" \
                                  f"\n{done.stderr[-3000:]}\n--- server log:\n{server.logs()}"
-    for video in work.glob("*.mp4"):  # curl writes a 409's JSON as happily as an MP4
+    for video in work.rglob("*.mp4"):  # curl writes a 409's JSON as happily as an MP4
         if before.get(video) != video.stat().st_mtime_ns:
             assert video.read_bytes()[4:8] == b"ftyp", f"{video.name} is not an MP4: {video.read_bytes()[:200]!r}"
+    assert_git_status_stays_clean(work)
+
+
+def assert_git_status_stays_clean(work: Path) -> None:
+    """What the examples wrote in the folder they ran in (the repository root, as the README runs
+    them) is all ignored by the repository's .gitignore, and each file says what it is by its suffix."""
+    written = [path.relative_to(work) for path in work.rglob("*")
+               if path.is_file() and path.relative_to(work).parts[0] != "examples"]
+    tracked = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "--verbose", "--non-matching",
+                              *map(str, written)], capture_output=True, text=True).stdout.splitlines()
+    shown = [line.split("\t")[-1] for line in tracked if line.startswith("::")]  # "::\tPATH": no ignore rule matched
+    assert not shown, f"the README's examples leave files that git status shows: {shown}"
+    assert all(path.suffix for path in written), [str(path) for path in written if not path.suffix]
 
 
 def test_example_frame_is_the_shapes_world_render():

@@ -1,5 +1,6 @@
 """How the runner ends a job: a bug fails it (with its traceback in the log), only a deleted
-or cancelled job ends quietly, and a finished clip that is blank carries a warning."""
+or cancelled job ends quietly, and a finished clip that is blank carries a warning, as does each
+chunk that is, as soon as it is made."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
 from vidserve.jobs import Job, JobStatus
 from vidserve.jobs.video_object import VideoObject
+from vidserve.media.drift import Anchor, measure
 from vidserve.jobs.store_sqlite import SQLiteJobStore
 from vidserve.options import AttentionOptions
 from vidserve.params import JobParams
@@ -28,8 +30,8 @@ def runner(tmp_path):
 
 
 def queued(runner: JobRunner, **fields) -> Job:
-    params = JobParams(width=96, height=80, num_frames=9, fps=12, steps=2, guidance=1.0, seed=1,
-                       chunk_frames=(9,), seconds="0.66667", **fields)
+    params = JobParams(**{"width": 96, "height": 80, "num_frames": 9, "fps": 12, "steps": 2, "guidance": 1.0,
+                          "seed": 1, "chunk_frames": (9,), "seconds": "0.66667", **fields})
     job, _ = runner.store.create(Job(model="wan-tiny", prompt="a fox", params=params))
     return job
 
@@ -100,13 +102,58 @@ def test_a_blank_video_completes_with_a_warning_logged_and_counted(runner, monke
     with caplog.at_level(logging.WARNING, logger="vidserve.runner"):
         final = runner.run(job.id)
     assert final.status is JobStatus.completed
-    expected = [{"code": "blank_output",
+    expected = [{"code": "blank_output", "chunk": None,
                  "message": "all 9 frames are nearly black (mean luma 0.0/255); try another seed or prompt"}]
     assert VideoObject.of(runner.store.get(job.id)).model_dump()["warnings"] == expected
     assert any(job.id in r.getMessage() and "blank_output" in r.getMessage() for r in caplog.records)
     count = runner.metrics.registry.get_sample_value("vidserve_output_warnings_total",
                                                      {"model": "wan-tiny", "code": "blank_output"})
     assert count == 1
+
+
+def moving_square(frames: int) -> np.ndarray:
+    """A white square crossing a black 96x80 frame: a normal clip."""
+    clip = np.zeros((frames, 80, 96, 3), np.uint8)
+    for t in range(frames):
+        clip[t, 30:42, 10 + 2 * t:22 + 2 * t] = 255
+    return clip
+
+
+def chained(runner: JobRunner, monkeypatch, *chunks: np.ndarray) -> tuple[Job, list[list[dict]]]:
+    """A job of these chunks, made one after another through the runner's on_chunk; the video's
+    warnings as the job store held them after each chunk, and the finished job."""
+    seen = []
+
+    def generate(request, *args, on_chunk, **kwargs):
+        anchor = Anchor.from_frames(chunks[0])
+        for index, frames in enumerate(chunks):
+            on_chunk(index, frames, measure(frames, anchor), request.prompt)
+            seen.append([w.model_dump() for w in runner.store.get(job.id).warnings])
+        return chain.VideoResult(frames=np.concatenate(chunks), fps=request.fps, seed=request.seed, timings={})
+
+    monkeypatch.setattr(chain, "generate_video", generate)
+    job = queued(runner, chunk_frames=tuple(len(c) for c in chunks), num_frames=sum(len(c) for c in chunks))
+    return runner.run(job.id), seen
+
+
+def test_a_blank_chunk_is_flagged_as_it_is_made_and_named(runner, monkeypatch):
+    final, seen = chained(runner, monkeypatch, moving_square(9), np.zeros((8, 80, 96, 3), np.uint8),
+                          moving_square(8))
+    warning = {"code": "blank_output", "chunk": 1,
+               "message": "chunk 2: all 8 frames are nearly black (mean luma 0.0/255); try another seed or prompt"}
+    assert seen == [[], [warning], [warning]]  # on the video while it is made, from the chunk on
+    assert final.status is JobStatus.completed
+    assert VideoObject.of(final).model_dump()["warnings"] == [warning]  # the whole video moves: only the chunk's
+    assert runner.metrics.registry.get_sample_value("vidserve_output_warnings_total",
+                                                    {"model": "wan-tiny", "code": "blank_output"}) == 1
+
+
+def test_a_video_blank_throughout_is_called_blank_once(runner, monkeypatch):
+    black = np.zeros((8, 80, 96, 3), np.uint8)
+    final, seen = chained(runner, monkeypatch, black[:1].repeat(9, axis=0), black)
+    assert [w["chunk"] for w in seen[-1]] == [0, 1]
+    assert [(w.code, w.chunk) for w in final.warnings] == [("blank_output", None)]
+    assert final.warnings[0].message.startswith("all 17 frames are nearly black")
 
 
 def test_wan_tiny_noise_completes_without_warnings(runner):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import re
 import sys
@@ -297,17 +296,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vidserve.keys import KeyRing
 
     KeyRing.from_settings(settings.keys, settings.keys_file)  # a bad keys file stops here, in one line
-    import uvicorn
+    from vidserve.api.serving import serve
 
-    from vidserve.api.app import create_app
-
-    # vidserve's own loggers (the chat KV cache's size, expiry sweeps, webhook retries) print as uvicorn's do.
-    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
-    log_config["loggers"]["vidserve"] = {"handlers": ["default"], "level": args.log_level.upper(), "propagate": False}
-    # ws_max_size: a WebSocket message past the largest body is refused (1009) before it is buffered whole.
-    uvicorn.run(create_app(settings), host=settings.host, port=args.port, log_level=args.log_level,
-                log_config=log_config,
-                ws_max_size=settings.max_body_bytes)
+    serve(settings, settings.host, args.port, args.log_level)  # a port in use stops here, in one line
     return 0
 
 

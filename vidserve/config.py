@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     priority_aging_seconds: float = Field(600.0, gt=0, description="A job waiting this long counts one priority "
                                           "higher, so a low one is never starved by a stream of normal ones.")
     visibility_timeout: int = Field(6 * 3600, gt=0, description="Redis redelivery timeout; longer than any job.")
+    warmup: bool = Field(True, description="Before it takes jobs (and, embedded, before /readyz says ready), a "
+                         "worker runs one tiny generation of its model (embedded: the default model), so the first "
+                         "job runs as fast as the next ones; off: the first job pays for the first calls.")
 
     # HTTP.
     host: str = Field("127.0.0.1", description="Address `vidserve serve` listens on; any but a loopback one "

@@ -226,6 +226,8 @@ class CeleryQueue:
     def alive(self) -> bool:
         return self.reaper.alive
 
+    warming = False  # the workers warm up before they take jobs, in their own processes
+
     def stop(self) -> None:
         self.reaper.stop()
 
@@ -247,6 +249,8 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
     runner = JobRunner(settings, store, open_storage(settings), metrics,
                        build_sender(settings, store), writer=writer)
     get_pipeline(spec, settings.device, settings.dtype, settings.load)  # resident before the first job arrives
+    if settings.warmup:
+        runner.warm_up(model)  # and its first calls made
 
     app = make_celery(settings)
     schedule = RedisSchedule(store, settings.priority_aging_seconds)

@@ -5,8 +5,9 @@ fair-share policy gives (`workers/fair_share.py`: priority with aging, then the 
 key's oldest job), over every queued job: all models share the one worker, so they share one
 line. The line is read from the store at each pick, so a restart loses nothing but the keys'
 recent starts. On start it recovers jobs that were running when a previous process died (run
-again or, with their attempts used up, failed). After each job it does the same for a job
-the runner gave up during an outage, which Celery's lease reaper would recover there.
+again or, with their attempts used up, failed), then its thread warms up on the default model
+(`JobRunner.warm_up`; `warming` until done) before it takes the first job. After each job it
+recovers a job the runner gave up during an outage, which Celery's lease reaper would recover there.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ class EmbeddedQueue:
         self._wake = threading.Condition()  # held while picking: a submission then waits for the pick's wait
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._warming = False
 
     def start(self) -> None:
         self._recover("was running when the server stopped")
+        self._warming = self.runner.settings.warmup
         self._thread = threading.Thread(target=self._work, name="vidserve-embedded-worker", daemon=True)
         self._thread.start()
 
@@ -69,6 +72,11 @@ class EmbeddedQueue:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def warming(self) -> bool:
+        """Warming up: jobs wait until it is done (a queued one then starts at full speed)."""
+        return self._warming
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop taking jobs. A job still running when the process exits is recovered on the next start."""
@@ -115,6 +123,11 @@ class EmbeddedQueue:
         return recovered
 
     def _work(self) -> None:
+        if self._warming:
+            try:
+                self.runner.warm_up(self.runner.settings.default_model)
+            finally:
+                self._warming = False
         while (job := self._next()) is not None:
             done = None
             try:

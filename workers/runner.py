@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import numpy as np
+from PIL import Image
 
 from vidserve import jobs
 from vidserve.config import Settings
@@ -36,8 +37,10 @@ from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobSto
 from vidserve.loras import LoraRegistry
 from vidserve.media import last_frame, load_image, read_video_bytes, save_thumbnail
 from vidserve.jobs.outages import STORE_UNAVAILABLE, through_outages
-from vidserve.media.quality import output_warnings
-from vidserve.requests import GenerationRequest
+from vidserve.media.quality import chunk_warnings, output_warnings
+from vidserve.options import GenerationOptions
+from vidserve.registry import resolve_local, weights_here
+from vidserve.requests import GenerationRequest, build_request
 from vidserve.media.spritesheet import save_spritesheet
 from vidserve.storage import Storage, StorageUnavailable
 from vidserve.telemetry import ANONYMOUS_LABEL, Metrics
@@ -50,6 +53,7 @@ log = logging.getLogger("vidserve.runner")
 # Denoising is nearly all of a job; decoding and encoding take the last few percent.
 DENOISE_SHARE = 95
 ENCODED = 99  # progress once every rendition is stored; 100 is the completed job
+WARM_UP_STEPS = 2  # a warm-up generation's: enough for every call a job makes, at a tenth of its steps
 
 T = TypeVar("T")
 
@@ -146,6 +150,34 @@ class JobRunner:
             failure = jobs.fail(self.worker_id, _failure_code(exc), f"{type(exc).__name__}: {exc}")
             return self._update_quietly(job.id, failure)
 
+    def warm_up(self, model: str) -> None:
+        """One tiny generation of `model` (WARM_UP_STEPS steps, one chunk at its native size) and the
+        encodes a job makes, so that the first job pays for none of the first calls: imports, the
+        load, each kernel's first run (on CUDA, its autotuning), ffmpeg's. A failure is logged and
+        left to the first job, which reports it; weights not on this machine are never fetched for it."""
+        start = time.perf_counter()
+        try:
+            spec = resolve_local(model)
+            if not weights_here(spec):
+                log.info("no warm-up: the weights of %s are not on this machine", model)
+                return
+            from vidserve.pipelines.chain import generate_video
+
+            # An image-to-video model takes a first frame: a gray one.
+            image = Image.new("RGB", (spec.width, spec.height), (128, 128, 128)) if spec.kind == "i2v" else None
+            request = build_request(spec, self.settings, "warm-up", GenerationOptions(steps=WARM_UP_STEPS, seed=0),
+                                    image=image)
+            frames = generate_video(request, self.settings.device, self.settings.dtype, load=self.settings.load).frames
+            with tempfile.TemporaryDirectory(prefix="warm-up-") as tmp:
+                segment = encode_segment(frames, request.fps)
+                join_segments(segment.init, [segment.media], Path(tmp) / "video.mp4")
+                save_thumbnail(frames, Path(tmp) / "thumbnail.webp")
+                save_spritesheet(frames, Path(tmp) / "spritesheet.jpg")
+        except Exception:
+            log.exception("the warm-up of %s failed; its first job will load it", model)
+            return
+        log.info("warmed up %s in %.1f s", model, time.perf_counter() - start)
+
     def request_for(self, job: Job, source: np.ndarray | None) -> GenerationRequest:
         """The request the API validated, from the job's parameters and stored first frame
         (or the last frame of the video it extends)."""
@@ -175,14 +207,16 @@ class JobRunner:
             now = time.perf_counter()
             self.metrics.step_time.labels(job.model).observe(now - last[0])
             last[0] = now
-            self._report(job.id, DENOISE_SHARE * done // total)
+            self._report(job.id, DENOISE_SHARE * done // total, steps_done=done)
 
         return on_step
 
-    def _report(self, job_id: str, progress: int | None = None, stage: str | None = None) -> None:
+    def _report(self, job_id: str, progress: int | None = None, stage: str | None = None,
+                steps_done: int | None = None) -> None:
         """Record progress (and renew the lease); JobCancelled if a cancel was asked for meanwhile.
         JobNotFound (deleted) and LeaseLost end the run like a cancel."""
-        current = self._write(job_id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress, stage))
+        current = self._write(job_id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress, stage,
+                                                     steps_done))
         if current.cancel_requested:
             raise JobCancelled()
 
@@ -208,7 +242,9 @@ class JobRunner:
                 key = self._put(f"{job.id}/{name}", join_segments(segment.init, [segment.media], Path(tmp) / name))
             record, init_key = self._put_segment(job, str(index), segment, timeline)
             chunk = {"index": index, "frames": len(frames), "key": key, "drift": drift.to_dict(), "prompt": prompt}
-            current = self._write(job.id, jobs.chunk_done(self.worker_id, chunk, record, init_key))
+            # Checked as it is made, so a blank or frozen chunk is flagged while the video goes on.
+            warnings = chunk_warnings(frames, index)
+            current = self._write(job.id, jobs.chunk_done(self.worker_id, chunk, record, init_key, warnings))
             announce_chunk(self.webhooks, self.settings, current, index)
 
         return on_chunk

@@ -1,4 +1,5 @@
-"""Liveness (the API answers) and readiness (the job store, the storage and the queue work)."""
+"""Liveness (the API answers) and readiness (the job store, the storage and the queue work, and
+the embedded worker has warmed up)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ async def readyz(request: Request, svc: Services = Depends(services)):
         problems.append(("queue_unavailable", "job queue"))
     if problems:
         return unavailable(f"not ready: {', '.join(part for _, part in problems)} unavailable", problems[0][0])
+    if svc.queue.warming:
+        return unavailable(f"not ready: warming up (one tiny generation of {svc.settings.default_model}, so that "
+                           "the first job runs at full speed)", "warming_up")
     if not _is_admin(request):
         return {"status": "ready"}
     storage_kind = "s3" if svc.storage.location.startswith("s3://") else "local"

@@ -2,7 +2,7 @@
 jobs and their streams, live sessions, the gallery, chat). Plain files from `api/static/`, no
 build step. No auth for the page itself, which holds no data: it sends the user's key on its own
 `/v1` calls, and on `/playground/models`, which tells its model list which models would take a
-job now."""
+job now, and which one a request naming none gets."""
 
 from __future__ import annotations
 
@@ -61,7 +61,9 @@ async def static(path: str, request: Request, svc: Services = Depends(services))
 
 @router.get("/playground/models", dependencies=[Depends(authenticate)])
 def model_availability(svc: Services = Depends(services)) -> dict:
-    """Each registry model, and why a job for it would be refused now (null: it would not)."""
+    """Each registry model, and why a job for it would be refused now (null: it would not); and
+    the model a request that names none gets."""
     reasons = {name: svc.unavailable(spec) for name, spec in MODELS.items()}
-    return {"object": "list", "data": [{"id": name, "available": reason is None, "reason": reason}
-                                       for name, reason in reasons.items()]}
+    return {"object": "list", "default_model": svc.settings.default_model,
+            "data": [{"id": name, "available": reason is None, "reason": reason}
+                     for name, reason in reasons.items()]}

@@ -200,7 +200,7 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
                                                         f"&index={chunk['index']}",
                                                  "segment": segment_path(video_id, segment)})
             video = await run_in_threadpool(svc.video, job)
-            now = (job.status, job.progress, job.stage, video.queue_position)
+            now = (job.status, job.progress, job.steps_done, job.stage, video.queue_position, len(job.warnings))
             if now != last:
                 moved = last is not None and job.status == last[0] and job.status is not JobStatus.queued
                 kind = "video.progress" if moved else f"video.{job.status.value}"

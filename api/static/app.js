@@ -1,6 +1,7 @@
 // The playground's entry point: the API key, then models, the job form, live sessions, the gallery and chat.
 import * as api from "./api.js";
 import * as chat from "./chat.js";
+import * as form from "./form.js";
 import * as gallery from "./gallery.js";
 import * as jobs from "./job.js";
 import * as realtime from "./realtime.js";
@@ -41,8 +42,8 @@ async function loadModels() {
     // Why a model would be refused now (its weights absent, no worker holding it); null if it would not.
     const refusal = new Map(availability.data.map((m) => [m.id, m.reason]));
     const video = data.filter((m) => m.kind !== "chat");
-    jobs.setModels(video.map((m) => ({ ...m, unavailable: refusal.get(m.id) ?? null })));
-    jobs.setLoras(loras.data);
+    form.setModels(video.map((m) => ({ ...m, unavailable: refusal.get(m.id) ?? null })), availability.default_model);
+    form.setLoras(loras.data);
     chat.setModel(data.find((m) => m.kind === "chat") ?? null);
   } catch (err) {
     api.showError($("job-error"), err);

@@ -1,9 +1,10 @@
-// Recent jobs, a page at a time from GET /v1/videos (newest first), with status, timings and
-// drift; each row can be shown in the live panel or cancelled.
+// Recent jobs, a page at a time from GET /v1/videos (newest first), as cards with status, timings
+// and drift; each can be shown in the result panel or cancelled.
 import * as api from "./api.js";
 import { $, TERMINAL, driftSummary, el, fitPixels, isEnabled, setEnabled, statusText, timings } from "./ui.js";
 
 const PAGE = 10;
+const NO_PICTURE = { queued: "waiting…", in_progress: "being made…", failed: "no video", cancelled: "no video" };
 const rows = $("gallery-rows");
 const error = $("gallery-error");
 const thumbnails = new Map(); // video id -> promise of an object URL: each is fetched once
@@ -68,12 +69,18 @@ export async function load() {
 
 // A row across the whole table, in place of the videos: loading, none, or failed.
 function notice(text) {
-  return el("tr", { className: "notice" }, el("td", { colSpan: 7 }, text));
+  return withRole(el("tr", { className: "notice" }, withRole(el("td", { colSpan: 7 }, text), "cell")), "row");
+}
+
+// The table is laid out as cards (style.css); explicit roles keep it a table for assistive technology.
+function withRole(node, role) {
+  node.setAttribute("role", role);
+  return node;
 }
 
 function row(video) {
-  const thumb = el("td");
-  if (video.status === "completed") thumb.append(thumbnail(video.id));
+  const thumb = el("td", { className: "thumb" });
+  thumb.append(video.status === "completed" ? thumbnail(video.id) : NO_PICTURE[video.status] ?? "");
   const params = [video.size, video.seconds && `${video.seconds} s`, video.num_inference_steps &&
                   `${video.num_inference_steps} steps`, video.seed !== null && `seed ${video.seed}`,
                   video.attention?.mode && `${video.attention.mode} attention`].filter(Boolean).join(" · ");
@@ -98,14 +105,14 @@ function row(video) {
     if (button) Object.assign(button.dataset, { id: video.id, action });
   }
   const times = timings(video).map(([name, text]) => `${name} ${text}`).join(", ") || "—";
-  const tr = el("tr", {},
-    thumb,
+  const cells = [thumb,
     el("td", { className: "prompt", title: video.prompt ?? "" }, video.prompt ?? ""),
-    el("td", {}, el("strong", {}, video.model), el("br"), params),
+    el("td", { className: "meta" }, el("strong", {}, video.model), el("br"), params),
     el("td", { className: `status ${video.status}` }, statusText(video)),
-    el("td", {}, times),
-    el("td", {}, driftSummary(video.chunks)),
-    buttons);
+    el("td", { className: "timings" }, times),
+    el("td", { className: "drift" }, driftSummary(video.chunks)),
+    buttons];
+  const tr = withRole(el("tr", {}, ...cells.map((cell) => withRole(cell, "cell"))), "row");
   tr.dataset.id = video.id;
   return tr;
 }

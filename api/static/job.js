@@ -1,33 +1,30 @@
-// The video form and the live job: submit, follow the event stream (progress, chunks as they
-// finish, the terminal status), play the video as it is made, then the result, cancel.
+// The result panel: the job on screen (made here, or shown from the gallery), followed through its
+// event stream (status, steps, place in line, chunks and what looks wrong in them), its video playing
+// as it is made and once done; then its downloads, what can be made from it (remix, extend, the same
+// seed again), and the request that made it, to copy as curl or Python.
 import * as api from "./api.js";
+import * as form from "./form.js";
+import * as player from "./player.js";
+import { curl, path, python } from "./snippet.js";
 import { StreamPlayer, followPlaylist } from "./stream.js";
-import { $, TERMINAL, drift, el, fitPixels, isEnabled, setEnabled, statusText, timings } from "./ui.js";
+import { $, TERMINAL, drift, el, fitPixels, isEnabled, progressDetail, refit, setEnabled, statusText,
+         timings } from "./ui.js";
 
-const form = $("job-form");
 const error = $("job-error");
-const KINDS = { t2v: "text-to-video", i2v: "image-to-video", ti2v: "text/image-to-video" };
-const models = new Map();
-// The job shown in the live panel: {id, controller, urls, chunks, status, position, cancelling, stream}
+// The requests this page sent, by the id of the video each made: what the snippet shows.
+const requests = new Map();
+// The job on screen: {id, video, controller, urls, chunks, status, position, warnings, cancelling, stream}
 let live = null;
 let busy = false;
 let statusChanged = () => {};
 
 export function setup(callbacks) {
   statusChanged = callbacks.statusChanged;
-  fitPixels($("live-video"), 480); // as wide as the panel, at most 480 px high
-  form.addEventListener("submit", (event) => {
-    event.preventDefault();
-    submit();
-  });
-  // Enter in a textarea is a newline, so the prompt submits on Ctrl/Cmd+Enter.
-  $("prompt").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
-      event.preventDefault();
-      form.requestSubmit();
-    }
-  });
-  $("model").addEventListener("change", describeModel);
+  const screen = $("live-video");
+  fitPixels(screen, 480); // as wide as the panel, at most 480 px high
+  new ResizeObserver(() => refit(screen)).observe(screen.parentElement);
+  player.setup(screen);
+  form.setup({ submit });
   $("cancel").addEventListener("click", async () => {
     if (!live || !isEnabled($("cancel"))) return;
     try {
@@ -36,100 +33,68 @@ export function setup(callbacks) {
       api.showError($("live-error"), err);
     }
   });
-}
-
-export function setModels(list) {
-  const select = $("model");
-  const chosen = select.value;
-  models.clear();
-  select.replaceChildren(new Option("server default", ""));
-  for (const model of list) {
-    models.set(model.id, model);
-    select.add(new Option(`${model.id} (${model.kind})${model.unavailable ? " — unavailable" : ""}`, model.id));
-  }
-  select.value = models.has(chosen) ? chosen : "";
-  describeModel();
-}
-
-// The adapters the server may apply; the form sends the chosen one (if any) at its scale.
-export function setLoras(list) {
-  const select = $("lora");
-  const chosen = select.value;
-  select.replaceChildren(new Option("none", ""));
-  for (const lora of list) {
-    const fits = lora.base_models.length ? ` (for ${lora.base_models.join(", ")})` : "";
-    select.add(new Option(`${lora.id}${fits}`, lora.id));
-  }
-  select.value = list.some((lora) => lora.id === chosen) ? chosen : "";
-}
-
-function describeModel() {
-  const model = models.get($("model").value);
-  $("size").placeholder = model ? model.size : "WxH";
-  $("model-hint").textContent = model
-    ? `${KINDS[model.kind] ?? model.kind}, native ${model.size} at ${model.fps} fps, ${model.frames_per_chunk} frames ` +
-      `per chunk${model.kind === "i2v" ? "; needs a first-frame image" : ""}.` +
-      (model.unavailable ? ` Unavailable: ${model.unavailable}.` : "")
-    : "The server's default model, at its native size.";
-}
-
-// The form's fields as the API names them, for POST /v1/videos and a live session alike. Empty
-// fields are left out so the server's defaults apply; numbers stay the text typed (the API reads
-// "7" as 7, and a long seed keeps every digit). The prompt always goes: an empty one is the API's
-// to reject. The first-frame image is apart: `image`, a File or undefined.
-export function formFields() {
-  const fields = { prompt: form.elements.prompt.value };
-  for (const name of ["model", "size", "seconds", "seed", "num_inference_steps"]) {
-    const value = form.elements[name].value.trim();
-    if (value) fields[name] = value;
-  }
-  const mode = form.elements.attention.value;
-  const density = form.elements.density.value;
-  if (mode) fields.attention = { mode, ...(mode === "sparse" && density ? { density: Number(density) } : {}) };
-  const lora = form.elements.lora.value;
-  if (lora) {
-    const scale = form.elements.lora_scale.value;
-    fields.loras = [{ name: lora, ...(scale ? { scale: Number(scale) } : {}) }];
-  }
-  return { fields, image: form.elements.input_reference.files[0] };
-}
-
-// Marks the field an API error names, so the fix is one keystroke away.
-export function pointAt(err) {
-  const field = err.param && form.elements[err.param.split(".")[0]];
-  if (field instanceof HTMLElement) {
-    field.setAttribute("aria-invalid", "true");
-    field.focus();
-  }
+  $("remix").addEventListener("click", () => makeFrom("remix"));
+  $("extend").addEventListener("click", () => makeFrom("extend"));
+  $("rerun").addEventListener("click", () => makeFrom("rerun"));
+  $("copy-curl").addEventListener("click", () => copy($("snippet-curl").textContent, "curl command"));
+  $("copy-python").addEventListener("click", () => copy($("snippet-python").textContent, "Python code"));
 }
 
 async function submit() {
   if (busy) return;
   api.showError(error, null);
-  for (const field of form.querySelectorAll("[aria-invalid]")) field.removeAttribute("aria-invalid");
+  form.clearInvalid();
   // Always multipart (the image may ride along): every field is text there, nested ones JSON text.
-  const { fields, image } = formFields();
+  const { fields, image } = form.formFields();
   const body = new FormData();
   for (const [name, value] of Object.entries(fields)) {
     body.set(name, typeof value === "string" ? value : JSON.stringify(value));
   }
   if (image) body.set("input_reference", image);
-
-  busy = true;
-  form.setAttribute("aria-busy", "true");
-  try {
-    const video = await api.getJSON("v1/videos", { method: "POST", body });
-    follow(video);
-  } catch (err) {
-    api.showError(error, err);
-    pointAt(err);
-  } finally {
-    busy = false;
-    form.removeAttribute("aria-busy");
+  const request = { kind: "create", fields, image };
+  if (await send("v1/videos", { method: "POST", body }, request, error, (err) => form.pointAt(err, error))) {
+    // The result is at the top of the page: on a narrow one, far above the form. Bring it into view
+    // (focus stays in the form, for the next one).
+    const screen = $("live-video").parentElement;
+    const top = screen.getBoundingClientRect().top;
+    if (top < 0 || top > window.innerHeight / 3) screen.scrollIntoView({ block: "start" });
   }
 }
 
-// Shows a video in the live panel (from the gallery), following it if it is still running.
+// A new video from the one on screen: a remix (its settings with the form's prompt), an extension
+// (continued by the form's seconds, or one chunk), or the same request again.
+function makeFrom(action) {
+  const video = live?.video;
+  if (!video || busy) return;
+  const typed = form.formFields().fields;
+  const prompt = typed.prompt.trim() ? typed.prompt : video.prompt;
+  const request = action === "rerun" ? { kind: "remix", source: video.id, fields: { prompt: video.prompt } }
+    : action === "remix" ? { kind: "remix", source: video.id, fields: { prompt } }
+      : { kind: "extend", fields: { prompt, seconds: typed.seconds ?? String(form.chunkSeconds(video.model)),
+                                    video: { id: video.id } } };
+  api.showError($("live-error"), null);
+  send(`v1/${path(request)}`, { method: "POST", json: request.fields }, request, $("live-error"))
+    .then((made) => made && $("live-h").focus()); // the buttons hide while the new video is made
+}
+
+// Sends a request that makes a video and follows the video; whether it was made.
+async function send(url, options, request, region, onError = () => {}) {
+  busy = true;
+  $("job-form").setAttribute("aria-busy", "true");
+  try {
+    follow(await api.getJSON(url, options), request);
+    return true;
+  } catch (err) {
+    api.showError(region, err);
+    onError(err);
+    return false;
+  } finally {
+    busy = false;
+    $("job-form").removeAttribute("aria-busy");
+  }
+}
+
+// Shows a video in the panel (from the gallery), following it if it is still running.
 // Focus moves to the panel's heading, so a keyboard user carries on from there (Tab: Cancel).
 export function show(video) {
   follow(video);
@@ -147,38 +112,43 @@ export async function cancel(id) {
   return video;
 }
 
-function follow(video) {
+function follow(video, request = null) {
+  if (request) requests.set(video.id, request);
   if (live) {
     live.controller.abort();
     live.stream?.close();
     for (const url of live.urls) URL.revokeObjectURL(url);
   }
-  live = { id: video.id, controller: new AbortController(), urls: [], chunks: new Set(), status: null, position: null,
-           stream: null };
+  live = { id: video.id, video, controller: new AbortController(), urls: [], chunks: new Set(), status: null,
+           position: null, warnings: null, cancelling: false, stream: null };
+  $("stage-empty").hidden = true;
   $("live").hidden = false;
   $("live-id").textContent = video.id;
   $("live-chunks").replaceChildren();
+  $("live-downloads").replaceChildren();
+  $("result").hidden = true;
   emptyPlayer();
-  $("live-download").hidden = true;
   api.showError($("live-error"), null);
+  showSnippet(video);
   render(video);
   if (!TERMINAL.has(video.status)) stream(live, video);
   watch(live, video);
 }
 
 function emptyPlayer() {
-  const player = $("live-video");
-  player.hidden = true;
-  player.removeAttribute("src");
-  player.load();
+  const screen = $("live-video");
+  screen.hidden = true;
+  screen.removeAttribute("src");
+  screen.load();
+  player.reset();
 }
 
 // Plays the job's HLS stream while it runs; the player shows once the first chunk is in it.
 function stream(job, video) {
-  const player = $("live-video");
-  job.stream = new StreamPlayer(player);
-  player.setAttribute("aria-label", `Video ${job.id}, as it is made`);
-  player.addEventListener("loadedmetadata", () => { player.hidden = false; }, { once: true });
+  const screen = $("live-video");
+  job.stream = new StreamPlayer(screen);
+  screen.setAttribute("aria-label", `Video ${job.id}, as it is made`);
+  screen.addEventListener("loadedmetadata", () => { screen.hidden = false; }, { once: true });
   followPlaylist(job.stream, video.stream_url, job.controller.signal).catch((err) => {
     if (err.name !== "AbortError" && !job.stream.closed) api.showError($("live-error"), err);
   });
@@ -210,18 +180,17 @@ async function watch(job, video) {
     if (!TERMINAL.has(video.status)) await new Promise((resolve) => setTimeout(resolve, 1000));
   }
   if (live === job && video.status === "completed") {
+    showDownloads(video);
+    $("result").hidden = false;
     try {
       const url = await api.blobURL(`v1/videos/${job.id}/content?variant=video`, { signal: job.controller.signal });
       if (live !== job) return URL.revokeObjectURL(url);
       job.urls.push(url);
-      const player = $("live-video");
-      player.src = url;
-      player.setAttribute("aria-label", `Video ${job.id}`);
-      player.hidden = false;
-      const link = $("live-download");
-      link.href = url;
-      link.download = `${job.id}.mp4`;
-      link.hidden = false;
+      const screen = $("live-video");
+      screen.src = url;
+      screen.setAttribute("aria-label", `Video ${job.id}`);
+      screen.hidden = false;
+      screen.play().catch(() => {}); // muted, so allowed; a new source may interrupt it
     } catch (err) {
       if (err.name !== "AbortError") api.showError($("live-error"), err);
     }
@@ -230,16 +199,20 @@ async function watch(job, video) {
 
 function render(video) {
   if (live?.id !== video.id) return;
+  live.video = video;
+  $("live").dataset.status = video.status;
   const progress = $("live-progress");
   progress.value = video.progress ?? 0;
   $("live-percent").textContent = `${progress.value}%`;
   $("live-prompt").textContent = video.prompt ?? "";
-  // The live region speaks on status changes and moves in line only, not on every percent.
+  $("live-detail").textContent = progressDetail(video);
+  $("screen-note").textContent = SCREEN_NOTES[video.status] ?? "";
+  progress.parentElement.hidden = TERMINAL.has(video.status); // done: the status says how it ended
+  // The live region speaks on status changes and moves in line only, not on every step.
   if (video.status !== live.status || video.queue_position !== live.position) {
     live.status = video.status;
     live.position = video.queue_position;
     $("live-status").textContent = statusText(video, false);
-    showWarnings(video.warnings ?? []); // they come with the completed status, so change only with it
     // The stream makes way for the downloadable video (watch) at once: a completed job's player
     // only ever plays what its download link holds.
     if (video.status === "completed" && live.stream) {
@@ -249,36 +222,133 @@ function render(video) {
     statusChanged(video);
   }
   setEnabled($("cancel"), !TERMINAL.has(video.status) && !live.cancelling);
-  $("live-timings").replaceChildren(...timings(video).flatMap(([name, text]) => [el("dt", {}, name), el("dd", {}, text)]));
+  $("live-timings").replaceChildren(...timings(video).flatMap(([name, text]) => [el("dt", {}, name),
+                                                                                  el("dd", {}, text)]));
   for (const chunk of video.chunks ?? []) addChunk(live, chunk.index, chunk.frames, chunk.drift);
+  const warnings = JSON.stringify(video.warnings ?? []);
+  if (warnings !== live.warnings) { // they come with a chunk, or with the completed status
+    live.warnings = warnings;
+    showWarnings(video.warnings ?? []);
+  }
 }
 
-// A completed video that looks wrong (blank, one flat colour, frozen) says so beside the player.
+// What the dark screen says while it has no picture to show.
+const SCREEN_NOTES = { queued: "Waiting for its turn…", in_progress: "It plays here once its first chunk is made…",
+                       completed: "Loading the video…", failed: "No video: the job failed.",
+                       cancelled: "No video: cancelled before a chunk was made." };
+
+// What looks wrong (blank, one flat colour, frozen) is said beside the player, and on the chunk it is in.
 function showWarnings(warnings) {
   const region = $("live-warnings");
   region.replaceChildren(...warnings.map((w) => el("p", {}, el("strong", {}, "Warning: "), w.message)));
   region.hidden = !warnings.length;
+  flagChunks(warnings);
+}
+
+function flagChunks(warnings) {
+  for (const item of $("live-chunks").children) {
+    item.querySelector("p.warning")?.remove();
+    const found = warnings.filter((w) => w.chunk === Number(item.dataset.index));
+    if (found.length) item.append(el("p", { className: "warning" }, `⚠ ${found.map((w) => w.code).join(", ")}`));
+  }
 }
 
 function addChunk(job, index, frames, metrics) {
   if (job.chunks.has(index)) return;
   job.chunks.add(index);
-  // preload "auto": the blob is in memory already, and the first frame then shows at once.
-  const player = fitPixels(el("video", { controls: true, muted: true, loop: true, playsInline: true, preload: "auto" }), 192);
-  player.setAttribute("aria-label", `Chunk ${index + 1}`);
+  // preload "auto": the blob is in memory already, and the first frame then shows at once. No native
+  // controls over a small clip: a click, Enter or Space plays or pauses it.
+  const chunkPlayer = fitPixels(el("video", { muted: true, loop: true, playsInline: true, preload: "auto",
+                                              tabIndex: 0 }), 192);
+  chunkPlayer.setAttribute("aria-label", `Chunk ${index + 1} (Enter plays or pauses it)`);
+  const playOrPause = () => (chunkPlayer.paused ? chunkPlayer.play().catch(() => {}) : chunkPlayer.pause());
+  chunkPlayer.addEventListener("click", playOrPause);
+  chunkPlayer.addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" && event.key !== " ") return;
+    event.preventDefault();
+    playOrPause();
+  });
   const caption = el("p", {}, `Chunk ${index + 1}: ${frames} frames; ${drift(metrics)}`);
-  const item = el("li", {}, caption, player);
+  const item = el("li", {}, caption, chunkPlayer);
   item.dataset.index = index;
   // Chunks may be announced out of order after a reconnect: keep the list sorted.
   const next = [...$("live-chunks").children].find((li) => Number(li.dataset.index) > index);
   $("live-chunks").insertBefore(item, next ?? null);
+  flagChunks(job.video.warnings ?? []);
   api.blobURL(`v1/videos/${job.id}/content?variant=chunk&index=${index}`, { signal: job.controller.signal })
     .then((url) => {
       if (live !== job) return URL.revokeObjectURL(url);
       job.urls.push(url);
-      player.src = url;
+      chunkPlayer.src = url;
     })
     .catch((err) => {
       if (err.name !== "AbortError") caption.append(` (not downloadable: ${api.describe(err)})`);
     });
+}
+
+const FORMATS = { mp4: "MP4", webm: "WebM", mov: "MOV", gif: "GIF", apng: "APNG", frames: "PNG frames (ZIP)" };
+
+// A rendition's link text: its format, and what sets it apart (its own name, codec, frame rate).
+function renditionLabel(output, video) {
+  const label = [FORMATS[output.format] ?? output.format];
+  if (output.name !== output.format) label.push(`“${output.name}”`);
+  if (output.codec && output.name !== output.format) label.push(output.codec);
+  if (output.fps !== video.fps) label.push(`${output.fps} fps`);
+  return label.join(" ");
+}
+
+// Every file of a completed video: the MP4, the thumbnail, the spritesheet, each rendition.
+function showDownloads(video) {
+  const files = [["video", "MP4", `${video.id}.mp4`], ["thumbnail", "Thumbnail (WebP)", `${video.id}.webp`],
+                 ["spritesheet", "Spritesheet (JPEG)", `${video.id}-spritesheet.jpg`],
+                 ...(video.outputs ?? []).map((o) => [o.name, renditionLabel(o, video),
+                                                      `${video.id}-${o.filename ?? o.name}`, o.bytes])];
+  $("live-downloads").replaceChildren(...files.map(([variant, label, filename, bytes]) => {
+    const link = el("a", { href: `v1/videos/${video.id}/content?variant=${encodeURIComponent(variant)}`,
+                           download: filename }, label);
+    if (variant === "video") link.id = "live-download";
+    if (bytes) link.append(" ", el("small", {}, `${Math.max(1, Math.round(bytes / 1024))} KB`));
+    link.addEventListener("click", (event) => downloadWithKey(event, link));
+    return el("li", {}, link);
+  }));
+}
+
+// A link cannot send the API key: with one, the file is fetched with it and saved from memory.
+async function downloadWithKey(event, link) {
+  if (!api.getKey()) return; // the browser follows the link itself
+  event.preventDefault();
+  try {
+    const url = await api.blobURL(link.getAttribute("href"));
+    const save = el("a", { href: url, download: link.download });
+    document.body.append(save);
+    save.click();
+    save.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  } catch (err) {
+    api.showError($("live-error"), err);
+  }
+}
+
+// The request that made the video, when this page sent it; otherwise a remix with its own prompt,
+// which makes it again (the same settings, seed, first frame and source).
+function showSnippet(video) {
+  const sent = requests.get(video.id);
+  const request = sent ?? { kind: "remix", source: video.id, fields: { prompt: video.prompt } };
+  const base = new URL("v1/", document.baseURI).href;
+  const keyed = Boolean(api.getKey());
+  $("snippet-curl").textContent = curl(request, base, keyed);
+  $("snippet-python").textContent = python(request, base);
+  $("snippet-note").textContent = (sent ? "The request this page sent for this video." : "Made elsewhere: this " +
+    "remix with its own prompt makes it again.") + (keyed ? " Set VIDSERVE_API_KEY to your key first." : "") +
+    (request.image ? ` Run it beside ${request.image.name}.` : "");
+  $("copy-status").textContent = "";
+}
+
+async function copy(text, what) {
+  try {
+    await navigator.clipboard.writeText(text);
+    $("copy-status").textContent = `Copied the ${what}.`;
+  } catch {
+    $("copy-status").textContent = `Could not copy (the browser refused): select the ${what} above instead.`;
+  }
 }

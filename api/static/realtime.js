@@ -3,7 +3,7 @@
 // it (a new prompt for the chunks not yet begun). Stop ends the video after the chunk under way;
 // closing the socket (leaving the page) cancels it.
 import * as api from "./api.js";
-import { formFields } from "./job.js";
+import { formFields } from "./form.js";
 import { StreamPlayer } from "./stream.js";
 import { $, fitPixels, isEnabled, placeInLine, setEnabled } from "./ui.js";
 

@@ -20,14 +20,20 @@ export function isEnabled(button) {
 // `maxWidth` (the parent's width by default) and `maxHeight`, keeping the aspect ratio.
 // Media already larger than that are only shrunk to fit.
 export function fitPixels(media, maxHeight, maxWidth = null) {
-  media.addEventListener(media instanceof HTMLVideoElement ? "loadedmetadata" : "load", () => {
-    const w = media.videoWidth ?? media.naturalWidth;
-    const h = media.videoHeight ?? media.naturalHeight;
-    if (!w || !h) return;
-    const fit = Math.min((maxWidth ?? media.parentElement.clientWidth) / w, maxHeight / h);
-    media.style.width = `${w * (fit >= 1 ? Math.floor(fit) : fit)}px`;
-  });
+  media.dataset.fitHeight = maxHeight;
+  if (maxWidth) media.dataset.fitWidth = maxWidth;
+  media.addEventListener(media instanceof HTMLVideoElement ? "loadedmetadata" : "load", () => refit(media));
   return media;
+}
+
+// Fits `media` again (fitPixels), e.g. when the room it has changed.
+export function refit(media) {
+  const w = media.videoWidth ?? media.naturalWidth;
+  const h = media.videoHeight ?? media.naturalHeight;
+  if (!w || !h || !media.parentElement) return;
+  const fit = Math.min(Number(media.dataset.fitWidth || media.parentElement.clientWidth) / w,
+                       Number(media.dataset.fitHeight) / h);
+  media.style.width = `${w * (fit >= 1 ? Math.floor(fit) : fit)}px`;
 }
 
 // el("p", {className: "x"}, "text", child): a tiny element builder; text goes in as text, never HTML.
@@ -57,6 +63,31 @@ export function placeInLine(position, estimatedStartAt) {
   if (!estimatedStartAt) return place;
   const wait = Math.max(0, Math.round(estimatedStartAt - Date.now() / 1000));
   return `${place}, starts in about ${wait} s`;
+}
+
+// What a job is doing, in one line: its place in line, or its step and the time left, or how it ended.
+export function progressDetail(video, now = Date.now() / 1000) {
+  if (video.status === "queued") return video.queue_position ? "" : "waiting to start"; // the status says where
+  if (video.status === "in_progress") {
+    if (video.stage === "encoding") return `encoding the video and its renditions · ${video.progress}%`;
+    const done = video.steps_done ?? 0;
+    const total = video.steps_total ?? 0;
+    const parts = [`generating · step ${done}/${total}`];
+    const chunks = total && video.num_inference_steps ? Math.round(total / video.num_inference_steps) : 1;
+    const chunk = Math.min(chunks, Math.floor(done / video.num_inference_steps) + 1);
+    if (chunks > 1) parts.push(`chunk ${chunk} of ${chunks}`);
+    // The steps so far at their pace: denoising is nearly all of a job.
+    if (done && video.started_at) {
+      parts.push(`about ${Math.max(1, Math.round(((now - video.started_at) * (total - done)) / done))} s left`);
+    }
+    return parts.join(" · ");
+  }
+  if (video.status === "completed" && video.started_at && video.completed_at) {
+    const made = video.completed_at - video.started_at;
+    return `made in ${made} s · ${video.size}, ${video.num_frames} frames at ${video.fps} fps`;
+  }
+  if (video.status === "failed" && video.error) return `error code: ${video.error.code}`;
+  return "";
 }
 
 const secs = (x) => `${x < 10 ? x.toFixed(2) : x.toFixed(1)} s`;

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from vidserve.params import JobParams
-from vidserve.media.quality import OutputWarning
+from vidserve.media.quality import OutputWarning, video_warnings
 
 
 class JobStatus(str, Enum):
@@ -49,6 +49,7 @@ class Job(BaseModel):
     prompt: str
     status: JobStatus = JobStatus.queued
     progress: int = 0  # 0-100, advanced per denoising step, then per rendition encoded
+    steps_done: int = 0  # denoising steps done, over every chunk
     stage: Literal["generating", "encoding"] | None = None  # what a running job is doing
     created_at: float = Field(default_factory=time.time)
     started_at: float | None = None
@@ -72,7 +73,8 @@ class Job(BaseModel):
     source_video_key: str | None = None  # the MP4 an extension continues (copied or uploaded)
     extends_video_id: str | None = None
     error: JobError | None = None
-    warnings: list[OutputWarning] = Field(default_factory=list)  # a completed video that looks wrong (quality.py)
+    # Chunks that look wrong as they are made, then the video once completed (quality.py).
+    warnings: list[OutputWarning] = Field(default_factory=list)
     attention_effective: Literal["sparse", "dense"] | None = None  # the self-attention that ran, once completed
     extended_prompt: str | None = None  # the LLM's rewrite of `prompt` (prompt_extend), what was generated
     attempts: int = 0
@@ -137,14 +139,14 @@ def start(worker_id: str, lease_seconds: float) -> Callable[[Job], None]:
         now = time.time()
         job.status, job.worker_id, job.attempts = JobStatus.in_progress, worker_id, job.attempts + 1
         job.started_at, job.lease_expires_at, job.progress, job.error = now, now + lease_seconds, 0, None
-        job.stage = "generating"
+        job.stage, job.steps_done, job.warnings = "generating", 0, []
         job.chunks, job.segments, job.chunks_started = [], [], 0  # a rerun starts the video over
 
     return apply
 
 
 def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None,
-              stage: str | None = None) -> Callable[[Job], None]:
+              stage: str | None = None, steps_done: int | None = None) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.lease_expires_at = time.time() + lease_seconds
@@ -152,16 +154,20 @@ def heartbeat(worker_id: str, lease_seconds: float, progress: int | None = None,
             job.progress = max(job.progress, min(progress, 100))
         if stage is not None:
             job.stage = stage
+        if steps_done is not None:
+            job.steps_done = max(job.steps_done, steps_done)
 
     return apply
 
 
 def chunk_done(worker_id: str, chunk: dict[str, Any], segment: dict[str, Any] | None = None,
-               init_key: str | None = None) -> Callable[[Job], None]:
-    """Chunk `chunk["index"]` is stored; with `segment`, so is its stream segment (behind `init_key`)."""
+               init_key: str | None = None, warnings: Iterable[OutputWarning] = ()) -> Callable[[Job], None]:
+    """Chunk `chunk["index"]` is stored; with `segment`, so is its stream segment (behind `init_key`);
+    `warnings`: what looks wrong in it."""
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.chunks = [c for c in job.chunks if c["index"] != chunk["index"]] + [dict(chunk)]
+        job.warnings = [w for w in job.warnings if w.chunk != chunk["index"]] + list(warnings)
         if segment is not None:
             segment_done(worker_id, segment, init_key)(job)
 
@@ -222,16 +228,17 @@ def prompt_extended(worker_id: str, extended: str) -> Callable[[Job], None]:
 def complete(worker_id: str, outputs: dict[str, str], timings: dict[str, float],
              warnings: Iterable[OutputWarning] = (), output_ttl: float = 0,
              attention: str | None = None, output_bytes: dict[str, int] | None = None) -> Callable[[Job], None]:
-    """`output_ttl`: seconds the files are kept after completion (0: until the video is deleted);
-    `attention`: the self-attention that ran ("sparse", or "dense" where too few tokens made it so);
-    `output_bytes`: each rendition's size."""
+    """`warnings`: the whole video's, kept beside its chunks' (quality.video_warnings); `output_ttl`:
+    seconds the files are kept after completion (0: until the video is deleted); `attention`: the
+    self-attention that ran ("sparse", or "dense" where too few tokens made it so); `output_bytes`:
+    each rendition's size."""
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
         job.status, job.progress, job.completed_at = JobStatus.completed, 100, time.time()
         job.expires_at = job.completed_at + output_ttl if output_ttl > 0 else None
         job.outputs, job.timings, job.lease_expires_at = dict(outputs), dict(timings), None
         job.output_bytes = dict(output_bytes or {})
-        job.warnings, job.attention_effective = list(warnings), attention
+        job.warnings, job.attention_effective = video_warnings(list(warnings), job.warnings), attention
 
     return apply
 

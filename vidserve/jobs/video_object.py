@@ -34,6 +34,8 @@ class VideoObject(BaseModel):
     status: Literal[tuple(status.value for status in JobStatus)]
     progress: int = Field(description="0-100 over the denoising steps, then encoding.")
     stage: str | None = Field(description="What a running job is doing now (e.g. encoding); null otherwise.")
+    steps_done: int = Field(description="Denoising steps done so far, over every chunk.")
+    steps_total: int = Field(description="Denoising steps the video takes: num_inference_steps per chunk.")
     created_at: int
     completed_at: int | None
     expires_at: int | None = Field(description="When its files are deleted (unix time); null: kept until deleted.")
@@ -49,7 +51,8 @@ class VideoObject(BaseModel):
                                            "model's recent job durations and the jobs ahead; null once it starts, "
                                            "or before the model has run a job.")
     # Extensions: what exactly was generated, and how it went.
-    warnings: list[OutputWarning] = Field(description="A completed video that looks wrong: blank, flat, frozen.")
+    warnings: list[OutputWarning] = Field(description="What looks wrong (blank, flat, frozen): in a chunk as soon as "
+                                          "it is made (`chunk` names it), in the whole video once completed.")
     negative_prompt: str | None
     num_frames: int
     fps: int
@@ -71,7 +74,8 @@ class VideoObject(BaseModel):
                                                      "(on a server with keys, with a short-lived token for players).")
     has_input_reference: bool
     outputs: list[dict[str, Any]] = Field(description="Renditions beside video, thumbnail and spritesheet: "
-                                                      "content?variant=NAME once completed.")
+                                                      "content?variant=NAME once completed; `filename` is NAME with "
+                                                      "its format's extension.")
     started_at: int | None
     attempts: int
     timings: dict[str, float] | None
@@ -90,6 +94,7 @@ class VideoObject(BaseModel):
         return cls(
             id=job.id, model=job.model, status=job.status.value, progress=job.progress,
             stage=job.stage if job.status is JobStatus.in_progress else None,
+            steps_done=job.steps_done, steps_total=p.steps * len(p.chunk_frames),
             created_at=int(job.created_at), completed_at=_unix(job.completed_at), expires_at=_unix(job.expires_at),
             prompt=job.prompt, seconds=seconds, size=f"{p.width}x{p.height}",
             remixed_from_video_id=job.remixed_from_video_id, error=job.error, warnings=job.warnings,

@@ -1,6 +1,6 @@
-"""Output checks: a finished clip that is blank, one flat colour, or frozen carries a warning,
-so a failed generation is not passed off as a normal video. Pure numpy, on the frames
-before encoding.
+"""Output checks: a clip that is blank, one flat colour, or frozen carries a warning, so a
+failed generation is not passed off as a normal video. Each chunk of a video is checked as it
+is made, and the whole video once it is finished. Pure numpy, on the frames before encoding.
 
 The thresholds come from the trained `wan-shapes` model's normal clips (its default 20 steps,
 8 prompts x 3 seeds: moving, bouncing and still shapes on black, white and gray) and from
@@ -14,7 +14,7 @@ from its first frame. Each limit below sits 3 to 13 times inside those. With too
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 # Luma at or below NEAR_BLACK, or at or above NEAR_WHITE, reads as black or white.
 NEAR_BLACK = 24.0
@@ -37,6 +37,8 @@ TRY_AGAIN = "try another seed or prompt"
 class OutputWarning(BaseModel):
     code: str  # blank_output, constant_output, frozen_output
     message: str
+    chunk: int | None = Field(None, description="The chunk it was found in (its `chunks[].index`); null: the whole "
+                              "video.")
 
 
 def output_warnings(frames: np.ndarray) -> list[OutputWarning]:
@@ -67,6 +69,19 @@ def output_warnings(frames: np.ndarray) -> list[OutputWarning]:
                                   f"(mean change from the first at most {change:.2f}/255), so nothing moves; "
                                   "try another seed, or a prompt that describes motion")]
     return []
+
+
+def chunk_warnings(frames: np.ndarray, index: int) -> list[OutputWarning]:
+    """`output_warnings` of chunk `index` of a video, naming it (numbered from 1 in the message)."""
+    return [w.model_copy(update={"chunk": index, "message": f"chunk {index + 1}: {w.message}"})
+            for w in output_warnings(frames)]
+
+
+def video_warnings(whole: list[OutputWarning], chunks: list[OutputWarning]) -> list[OutputWarning]:
+    """A finished video's warnings: the whole video's, then each chunk's that says something else
+    (a video blank from end to end is not also called blank chunk by chunk)."""
+    said = {w.code for w in whole}
+    return [*whole, *(w for w in chunks if w.code not in said)]
 
 
 def _sample(frames: np.ndarray) -> np.ndarray:

@@ -126,7 +126,7 @@ class Rendition(BaseModel):
         return {"name": self.name, "format": self.format, "media_type": self.media_type, "codec": self.codec,
                 "fps": self.fps, "fps_mode": self.fps_mode, "quality": self.quality,
                 "size": f"{self.width}x{self.height}", "frames": frame_count(source_frames, source_fps, self.fps),
-                "bytes": size_bytes}
+                "bytes": size_bytes, "filename": self.filename}
 
 
 def resolve_outputs(asked: list[OutputRequest] | None, width: int, height: int, fps: int, frames: int,
