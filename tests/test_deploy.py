@@ -39,8 +39,7 @@ def fleet_in(workdir):
     if (problem := containers.engine_problem()) is not None:
         pytest.skip(f"no container engine: {problem}")
     base, sources = containers.base_image(), containers.package_sources()
-    for target in IMAGES:
-        containers.build(target, base, sources)
+    containers.build_images(base, sources, workdir)
     env_file = workdir / "fleet.env"
     secrets = subprocess.run(["sh", str(containers.ROOT / "deploy" / "new-env.sh")], capture_output=True, text=True,
                              check=True).stdout

@@ -5,7 +5,9 @@
 set -eu
 missing=""
 command -v python3 >/dev/null 2>&1 || missing="python3"
-python3 -c "import ensurepip" 2>/dev/null || missing="$missing python3-venv"
+# Debian and Ubuntu ship ensurepip's wheels apart (python3-venv): only making a venv tells.
+python3 -m venv /tmp/venv-probe >/dev/null 2>&1 || missing="$missing python3-venv"
+rm -rf /tmp/venv-probe
 command -v update-ca-certificates >/dev/null 2>&1 || missing="$missing ca-certificates"
 if [ -n "$missing" ]; then
   apt-get update -qq
