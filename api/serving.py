@@ -55,8 +55,8 @@ class _Server(uvicorn.Server):
         print(f"playground: {self.url}", file=sys.stdout, flush=True)
 
 
-def serve(settings: Settings, host: str, port: int, log_level: str) -> None:
-    sock = listen(host, port)
+def serve(settings: Settings, sock: socket.socket, url: str, log_level: str) -> None:
+    """Serve the API on `sock` (from `listen`) until stopped; `url`: where the playground is."""
     from .app import create_app
 
     # vidserve's own loggers (the chat KV cache's size, expiry sweeps, webhook retries) print as uvicorn's do.
@@ -65,4 +65,4 @@ def serve(settings: Settings, host: str, port: int, log_level: str) -> None:
     # ws_max_size: a WebSocket message past the largest body is refused (1009) before it is buffered whole.
     config = uvicorn.Config(create_app(settings), log_level=log_level, log_config=log_config,
                             ws_max_size=settings.max_body_bytes)
-    _Server(config, playground_url(host, port)).run(sockets=[sock])
+    _Server(config, url).run(sockets=[sock])

@@ -40,31 +40,37 @@ def test_every_folder_python_could_import_is_in_the_package_configuration():
     assert folder_of("vidserve.api.static", package_dir) == ROOT / "api" / "static"
 
 
-def test_serve_says_where_the_playground_is_once_ready(tmp_path):
-    server = Server(tmp_path / "data", env={"VIDSERVE_WARMUP": "1"}, extra=["--chat-model", ""])
+@pytest.fixture(scope="module")
+def announced(tmp_path_factory):
+    """`vidserve serve` as `make serve` runs it (default log level, warm-up on), started without
+    polling it (a poll would log a line), once it has said where the playground is; and that line."""
+    server = Server(tmp_path_factory.mktemp("quiet") / "data", env={"VIDSERVE_WARMUP": "1"},
+                    extra=["--chat-model", ""])
     server.args.remove("--log-level")
-    server.args.remove("warning")  # as `make serve` runs it
+    server.args.remove("warning")
     line = f"playground: http://127.0.0.1:{server.port}/"
     VidserveProcess.start(server)
     try:
         server.wait_for_log(line)
-        lines = [text for text in server.log.read_text().splitlines() if text.strip()]
-        assert lines[-1] == line and lines.count(line) == 1, lines
-        noise = [text for text in lines if any(word in text.lower() for word in ("warn", "error", "traceback"))]
-        assert not noise, noise
-        with urllib.request.urlopen(f"{server.url}/readyz", timeout=10) as response:
-            assert response.status == 200  # warmed up before it said so
+        yield server, line
     finally:
         server.stop()
 
 
-def test_a_port_in_use_is_one_line(tmp_path):
-    server = Server(tmp_path / "data", extra=["--chat-model", ""]).start()
-    try:
-        taken = subprocess.run([sys.executable, "-m", "vidserve.cli", "serve", "--port", str(server.port),
-                                "--data-dir", str(tmp_path / "other")], capture_output=True, text=True, timeout=60)
-    finally:
-        server.stop()
+def test_serve_says_where_the_playground_is_once_ready(announced):
+    server, line = announced
+    lines = [text for text in server.log.read_text().splitlines() if text.strip()]
+    assert lines[-1] == line and lines.count(line) == 1, lines
+    noise = [text for text in lines if any(word in text.lower() for word in ("warn", "error", "traceback"))]
+    assert not noise, noise
+    with urllib.request.urlopen(f"{server.url}/readyz", timeout=10) as response:
+        assert response.status == 200  # warmed up before it said so
+
+
+def test_a_port_in_use_is_one_line(announced, tmp_path):
+    server, _ = announced
+    taken = subprocess.run([sys.executable, "-m", "vidserve.cli", "serve", "--port", str(server.port),
+                            "--data-dir", str(tmp_path / "other")], capture_output=True, text=True, timeout=60)
     assert taken.returncode == 2 and taken.stdout == ""
     assert taken.stderr.splitlines() == [
         f"vidserve: error: port {server.port} on 127.0.0.1 is already in use (another vidserve?): stop that server, "

@@ -284,7 +284,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    settings = _placed(_settings(args))
+    settings = _settings(args)
     if args.api_key:
         settings = settings.model_copy(update={"api_keys": ",".join(args.api_key)})
     if args.keys_file:
@@ -296,9 +296,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vidserve.keys import KeyRing
 
     KeyRing.from_settings(settings.keys, settings.keys_file)  # a bad keys file stops here, in one line
-    from vidserve.api.serving import serve
+    from vidserve.api.serving import listen, playground_url, serve
 
-    serve(settings, settings.host, args.port, args.log_level)  # a port in use stops here, in one line
+    sock = listen(settings.host, args.port)  # a port in use stops here, in one line, before torch loads
+    serve(_placed(settings), sock, playground_url(settings.host, args.port), args.log_level)
     return 0
 
 
