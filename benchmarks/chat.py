@@ -23,7 +23,8 @@ sets of all concurrencies (prefixes of one list) are measured in one pass. Outpu
 
 Also measured, before the server starts: the decode ceiling, C x (a decode forward pass for 1 sequence) /
 (one for C sequences) over the same model and cache length, with no prefill, sampling or serving: what
-batching alone can give on this machine.
+batching alone can give on this machine; and vidserve's engine step with C sequences decoding, in this
+process, over the ceiling's C-sequence step, the two alternated (the paged cache's cost, no serving).
 
 Then the conversation workloads (chat_multi_turn.py), on a LLaVA made of the same Llama and a small CLIP
 tower, served with a configured KV cache: 16 conversations of 4 turns at once, sharing a ~1,500-token
@@ -184,7 +185,40 @@ def decode_ceiling(folder: Path, concurrency: int, context: int = 120, steps: in
 
     one, many = step_seconds(1), step_seconds(concurrency)
     return {"concurrency": concurrency, "context": context, "step_ms_1": round(one * 1000, 1),
-            f"step_ms_{concurrency}": round(many * 1000, 1), "speedup_ceiling": round(concurrency * one / many, 2)}
+            f"step_ms_{concurrency}": round(many * 1000, 1), "speedup_ceiling": round(concurrency * one / many, 2),
+            "engine_vs_ceiling_step": engine_step_ratio(folder, model, concurrency, context, steps)}
+
+
+def engine_step_ratio(folder: Path, model, concurrency: int, context: int, steps: int) -> float:
+    """vidserve's engine step with C sequences decoding (in this process: no serving) over the ceiling's
+    step, the two alternated, median of the pairs: what the paged cache and its bookkeeping cost."""
+    from transformers import DynamicCache
+
+    from vidserve.options import RepetitionOptions
+    from vidserve.pipelines.llm.engine import LLMEngine
+    from vidserve.pipelines.llm.model import ChatModel
+    from vidserve.pipelines.llm.sequence import SamplingParams
+    from vidserve.registry import resolve_chat
+
+    chat = ChatModel.load(resolve_chat(str(folder)), "cpu", "float32")
+    engine = LLMEngine(chat, prefix_cache=False)
+    for i in range(concurrency):  # prompts of `context` distinct tokens, decoding for good
+        engine.submit(chat.encode(messages(chr(65 + i) * (context - 3)), []),
+                      SamplingParams(10 * steps, seed=i, ignore_eos=True, repetition=RepetitionOptions(enabled=False)))
+    engine.step()  # the prefill
+    config = model.config
+    shape = (concurrency, config.num_key_value_heads, context, config.hidden_size // config.num_attention_heads)
+    cache = DynamicCache(ddp_cache_data=[(torch.randn(shape), torch.randn(shape))
+                                         for _ in range(config.num_hidden_layers)])
+    token, ratios = torch.randint(0, 256, (concurrency, 1)), []
+    with torch.inference_mode():
+        for _ in range(steps):
+            start = time.perf_counter()
+            model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
+            middle = time.perf_counter()
+            engine.step()
+            ratios.append((time.perf_counter() - middle) / (middle - start))
+    return round(statistics.median(ratios), 3)
 
 
 def sequential(measured: list[dict], concurrency: int, tokens: int) -> dict:
