@@ -30,8 +30,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    names = ("host", "device", "dtype", "data_dir", "storage", "queue", "redis_url", "allow_volatile_redis", "chat_model",
-             "chat_url", "quantization", "compile", "offload", "vae_tiling")
+    names = ("host", "device", "dtype", "data_dir", "storage", "queue", "redis_url", "allow_volatile_redis",
+             "chat_model", "chat_url", "quantization", "compile", "offload", "vae_tiling")
     overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     base = get_settings()
     # Adapters registered on the command line come on top of those the environment registers.
