@@ -400,6 +400,29 @@ def test_keyed_server_asks_for_the_key(servers, page, tmp_path):
     wait_until(page, "document.querySelector('#job-error').textContent.includes('multiples of 16')")
 
 
+def test_a_keyed_server_downloads_with_the_key_and_no_snippet_holds_it(servers, page):
+    """A link cannot send the key: with one, the page fetches the file with it and saves it. The
+    copied requests read the key from $VIDSERVE_API_KEY, never from the page."""
+    _, keyed = servers
+    page.add_init_script(f"sessionStorage.setItem('vidserve.apiKey', {json.dumps(KEY)})")
+    page.goto(keyed.url)
+    wait_until(page, "document.querySelector('#model').options.length > 1")
+    page.fill("#prompt", "a fox")
+    page.select_option("#model", "wan-tiny")
+    for field, value in (("#size", "64x64"), ("#seconds", "1"), ("#steps", "2")):
+        page.fill(field, value)
+    page.click("#generate")
+    page.wait_for_selector("#live:not([hidden])")
+    video_id = page.text_content("#live-id")
+    wait_until(page, "document.querySelector('#live-status').textContent.startsWith('completed')")
+    with page.expect_download() as saved:
+        page.click("#live-download")
+    assert saved.value.suggested_filename == f"{video_id}.mp4"
+    assert Path(saved.value.path()).read_bytes()[4:8] == b"ftyp"
+    snippets = page.text_content("#snippet-curl") + page.text_content("#snippet-python")
+    assert KEY not in snippets and '-H "Authorization: Bearer $VIDSERVE_API_KEY"' in snippets
+
+
 def test_videos_play_from_presigned_storage_urls(seaweedfs, browser, tmp_path):
     """With S3 storage and content redirects, the page's media fetches follow the 307 to the
     bucket (which the page's policy allows, and only it), with the key sent to the API only."""
