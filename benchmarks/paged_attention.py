@@ -169,14 +169,18 @@ def flex(case: Case):
     return run
 
 
-def timed(fn) -> float:
-    fn()  # warm-up
-    times = []
+def timed(runs: dict) -> dict:
+    """Median ms of each run, the runs taken in turn, round after round, so that a change in the
+    machine's load falls on all of them alike."""
+    for run in runs.values():
+        run()  # warm-up
+    times = {name: [] for name in runs}
     for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: round(statistics.median(t) * 1000, 3) for name, t in times.items()}
 
 
 def main() -> int:
@@ -196,20 +200,17 @@ def main() -> int:
     with torch.inference_mode():
         for name, case in cases.items():
             row = {"shape": name}
-            for variant, fn in variants.items():
-                if variant == "gathered-gqa" and case.new > 1:  # with one query row per head, the two are one
-                    continue
-                if variant == "cascade" and not case.shared:
-                    continue
-                row[variant] = round(timed(lambda: fn(case)), 3)
+            runs = {variant: (lambda fn=fn: fn(case)) for variant, fn in variants.items()
+                    if not (variant == "gathered-gqa" and case.new > 1)  # one query row per head: the same
+                    and not (variant == "cascade" and not case.shared)}
             start = time.perf_counter()
             try:
-                run = flex(case)
-                run()
+                runs["flex"] = flex(case)
+                runs["flex"]()
                 row["flex_compile_s"] = round(time.perf_counter() - start, 1)
-                row["flex"] = round(timed(run), 3)
             except Exception as exc:  # noqa: BLE001 - reported, not hidden
                 row["flex"] = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
+            row.update(timed(runs))
             rows.append(row)
             print(row, file=sys.stderr)
     machine = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
@@ -221,7 +222,7 @@ def main() -> int:
     for row in rows:
         cells = [row.get(n, "") for n in names]
         print(f"| {row['shape']} | " + " | ".join(f"{c:.2f}" if isinstance(c, float) else str(c) for c in cells) + " |")
-    print(f"\nms per layer call, median of {REPEATS}; machine {machine}")
+    print(f"\nms per layer call, median of {REPEATS} rounds; machine {machine}")
     return 0
 
 
