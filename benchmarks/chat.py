@@ -23,8 +23,10 @@ sets of all concurrencies (prefixes of one list) are measured in one pass. Outpu
 
 Also measured, before the server starts: the decode ceiling, C x (a decode forward pass for 1 sequence) /
 (one for C sequences) over the same model and cache length, with no prefill, sampling or serving: what
-batching alone can give on this machine; and vidserve's engine step with C sequences decoding, in this
-process, over the ceiling's C-sequence step, the two alternated (the paged cache's cost, no serving).
+batching alone can give on this machine; and vidserve's engine in this process, no serving: its step with
+C sequences decoding over the ceiling's C-sequence step, the two alternated (the paged cache's cost), and
+its prefill rate for a burst of C prompts, which with the ceiling's step bounds the share of the ceiling
+a server that must prefill the prompts can reach (`share_bound`).
 
 Then the conversation workloads (chat_multi_turn.py), on a LLaVA made of the same Llama and a small CLIP
 tower, served with a configured KV cache: 16 conversations of 4 turns at once, sharing a ~1,500-token
@@ -186,12 +188,13 @@ def decode_ceiling(folder: Path, concurrency: int, context: int = 120, steps: in
     one, many = step_seconds(1), step_seconds(concurrency)
     return {"concurrency": concurrency, "context": context, "step_ms_1": round(one * 1000, 1),
             f"step_ms_{concurrency}": round(many * 1000, 1), "speedup_ceiling": round(concurrency * one / many, 2),
-            "engine_vs_ceiling_step": engine_step_ratio(folder, model, concurrency, context, steps)}
+            **engine_steps(folder, model, concurrency, context, steps)}
 
 
-def engine_step_ratio(folder: Path, model, concurrency: int, context: int, steps: int) -> float:
-    """vidserve's engine step with C sequences decoding (in this process: no serving) over the ceiling's
-    step, the two alternated, median of the pairs: what the paged cache and its bookkeeping cost."""
+def engine_steps(folder: Path, model, concurrency: int, context: int, steps: int) -> dict:
+    """vidserve's engine in this process (no serving): its step with C sequences decoding over the
+    ceiling's step, the two alternated, median of the pairs (what the paged cache and its bookkeeping
+    cost); and the step that prefilled the C prompts together, per prompt token."""
     from transformers import DynamicCache
 
     from vidserve.options import RepetitionOptions
@@ -205,7 +208,9 @@ def engine_step_ratio(folder: Path, model, concurrency: int, context: int, steps
     for i in range(concurrency):  # prompts of `context` distinct tokens, decoding for good
         engine.submit(chat.encode(messages(chr(65 + i) * (context - 3)), []),
                       SamplingParams(10 * steps, seed=i, ignore_eos=True, repetition=RepetitionOptions(enabled=False)))
+    start = time.perf_counter()
     engine.step()  # the prefill
+    prefill_ms = (time.perf_counter() - start) * 1000 / (concurrency * context)
     config = model.config
     shape = (concurrency, config.num_key_value_heads, context, config.hidden_size // config.num_attention_heads)
     cache = DynamicCache(ddp_cache_data=[(torch.randn(shape), torch.randn(shape))
@@ -218,7 +223,8 @@ def engine_step_ratio(folder: Path, model, concurrency: int, context: int, steps
             middle = time.perf_counter()
             engine.step()
             ratios.append((time.perf_counter() - middle) / (middle - start))
-    return round(statistics.median(ratios), 3)
+    return {"engine_vs_ceiling_step": round(statistics.median(ratios), 3),
+            "engine_prefill_ms_per_token": round(prefill_ms, 2)}
 
 
 def sequential(measured: list[dict], concurrency: int, tokens: int) -> dict:
@@ -385,7 +391,18 @@ def throughput(tmp: Path, folder: Path, prompts: list[str], tokens: int, request
         if r["mode"] == "vidserve" and r["concurrency"] == ceiling["concurrency"]:
             r["share_of_ceiling"] = round(r["speedup_vs_generate"] / ceiling["speedup_ceiling"], 3)
             r["itl_vs_ceiling_step"] = round(r["itl_median_ms"] / ceiling[f"step_ms_{r['concurrency']}"], 3)
+            r["share_bound"] = share_bound(measured[:r["requests"]], ceiling, tokens)
     return results, ceiling, measured, env
+
+
+def share_bound(measured: list[dict], ceiling: dict, tokens: int) -> float:
+    """The share of the ceiling vidserve would reach if serving cost nothing: its requests' prompts
+    prefilled at the engine's burst rate, their tokens decoded C at a time at the ceiling's step;
+    against generate's measured time for the same requests."""
+    c = ceiling["concurrency"]
+    prefill_s = sum(m["prompt_tokens"] for m in measured) * ceiling["engine_prefill_ms_per_token"] / 1000
+    decode_s = len(measured) / c * tokens * ceiling[f"step_ms_{c}"] / 1000
+    return round(sum(m["total"] for m in measured) / (prefill_s + decode_s) / ceiling["speedup_ceiling"], 3)
 
 
 def print_throughput(results: list[dict], ceiling: dict, tokens: int) -> None:
@@ -397,8 +414,8 @@ def print_throughput(results: list[dict], ceiling: dict, tokens: int) -> None:
               f"{r['speedup_vs_generate']:.2f}x |")
     top = results[-1]
     print(f"\nbatched decode alone, no prefill: {ceiling}; vidserve at {top['concurrency']}: "
-          f"{top.get('share_of_ceiling')} of the ceiling, ITL {top.get('itl_vs_ceiling_step')}x its step; "
-          f"{tokens} output tokens per request")
+          f"{top.get('share_of_ceiling')} of the ceiling ({top.get('share_bound')} if serving cost nothing), "
+          f"ITL {top.get('itl_vs_ceiling_step')}x its step; {tokens} output tokens per request")
 
 
 def print_conversations(report: dict) -> None:
