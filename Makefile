@@ -25,8 +25,10 @@ $(VENV)/.installed: pyproject.toml
 serve: setup
 	@$(BIN)/vidserve serve --host $(HOST) --port $(PORT)
 
+# Two pytest processes, each given whole test files: most tests wait on servers, workers and
+# subprocesses more than they compute, so two share two cores well.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) data .pytest_cache
