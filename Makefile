@@ -25,10 +25,10 @@ $(VENV)/.installed: pyproject.toml
 serve: setup
 	@$(BIN)/vidserve serve --host $(HOST) --port $(PORT)
 
-# Two pytest processes, each given whole test files: most tests wait on servers, workers and
-# subprocesses more than they compute, so two share two cores well.
+# Two pytest processes, each given whole test files in order (tests marked `first` lead): most
+# tests wait on servers, workers and subprocesses more than they compute, so two share two cores.
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

@@ -14,6 +14,11 @@ from stores import S3_ENV, TEST_BUCKET, RedisServer, SeaweedFS, weed_binary
 
 from vidserve.webhooks import generate_secret
 
+# Under `make test`'s pytest processes (pytest-xdist), each process, with all it starts, gets its
+# share of the cores: torch threads spinning on a core another process holds slow both down.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 # The server's defaults are the trained shapes-world models; the suite runs on the random
 # tiny ones (seconds per clip, noise frames) unless a test names a model, as the
 # wan-shapes / vlm-shapes tests do. Set before any Settings is built; servers inherit it.
@@ -27,6 +32,12 @@ os.environ.setdefault("VIDSERVE_WARMUP", "0")
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "own_network_namespace: the test body runs where only loopback exists "
                                        "(tests/netns.py)")
+    config.addinivalue_line("markers", "first: run before the rest, as it mostly waits (building images, "
+                                       "say): under `make test`'s two processes it then runs beside the rest")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)  # stable: files stay in order
 
 
 @pytest.hookimpl(tryfirst=True)

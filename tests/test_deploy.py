@@ -20,7 +20,7 @@ from polling import eventually
 from servers import free_port
 
 # Building the images from nothing takes minutes; the tests after it, a few more.
-pytestmark = [pytest.mark.timeout(1200),
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.first,
               pytest.mark.filterwarnings("ignore:The Sora API is scheduled:DeprecationWarning")]
 
 PROMPT = "a red circle moving right on a white background"
