@@ -1,6 +1,6 @@
 """The contract of /v1/chat/completions: OpenAI's request shape, plus vidserve's
-`repetition_detection`, `prefix_cache` and `ignore_eos` (benchmarks). Unsupported OpenAI fields are
-rejected by name rather than silently ignored."""
+`repetition_detection`, `prefix_cache`, `ignore_eos` (benchmarks) and vLLM's `cache_salt`.
+Unsupported OpenAI fields are rejected by name rather than silently ignored."""
 
 from __future__ import annotations
 
@@ -82,6 +82,9 @@ class ChatCompletionCreate(_Strict):
     ignore_eos: bool = False
     prefix_cache: bool = Field(True, description="Reuse the KV cache of a prompt that began the same way (and "
                                "offer this one's); false computes the whole prompt and shares nothing.")
+    cache_salt: str | None = Field(None, min_length=1, max_length=256, description="Share the prefix cache "
+                                   "with every request that sends this salt, whichever API key sends it, and with no "
+                                   "other (as vLLM's): make it long and random, and tell only those who may share.")
     user: str | None = None
 
     @field_validator("stop")

@@ -1,6 +1,7 @@
 """/v1/chat/completions: OpenAI's Chat Completions on the LLM engine — images as
 `image_url` parts, streaming as `chat.completion.chunk` events, structured outputs,
-loop detection, the prefix cache's reuse as `usage.prompt_tokens_details.cached_tokens`.
+loop detection, the prefix cache's reuse as `usage.prompt_tokens_details.cached_tokens`
+(each API key's own cache, unless a `cache_salt` or the server says otherwise).
 Bad input is a 400 before anything reaches the model (images included: their size, shape
 and the size the model's processor would scale them to); a full engine is a 429; a client
 that goes away frees its batch slot, also while its images are encoded or its prompt
@@ -17,21 +18,25 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from vidserve.errors import EngineOverloaded
+from vidserve.keys import Caller
 
 from ..auth import authenticate
 from ..chat_schemas import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, Choice,
                             ChunkChoice, Delta, PromptTokensDetails, Usage)
 from ..errors import APIError
+from ..forms import unicode_json_body
 from ..responses import ErrorDetail, ErrorResponse
 from ..services import Services, services
 
-router = APIRouter(prefix="/v1/chat/completions", tags=["chat"], dependencies=[Depends(authenticate)])
+router = APIRouter(prefix="/v1/chat/completions", tags=["chat"],
+                   dependencies=[Depends(authenticate), Depends(unicode_json_body)])
 
 DISCONNECT_POLL_SECONDS = 0.5
 
 
 @router.post("", response_model=ChatCompletion)
-async def create_chat_completion(body: ChatCompletionCreate, request: Request, svc: Services = Depends(services)):
+async def create_chat_completion(body: ChatCompletionCreate, request: Request, svc: Services = Depends(services),
+                                 caller: Caller = Depends(authenticate)):
     chat = svc.chat
     if chat is None:
         raise APIError(404, "this server runs no chat model (VIDSERVE_CHAT_MODEL is empty)", code="model_not_found")
@@ -42,7 +47,7 @@ async def create_chat_completion(body: ChatCompletionCreate, request: Request, s
         chat.prepare, [m.model_dump() for m in body.messages], max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=tuple(body.stop or ()),
         ignore_eos=body.ignore_eos, repetition=body.repetition, response_format=body.format_dict(),
-        prefix_cache=body.prefix_cache)
+        prefix_cache=body.prefix_cache, tenant=caller.name, cache_salt=body.cache_salt)
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": chat.name}
     outputs = chat.stream(call)
     try:  # admission errors surface with the first output, as an HTTP status

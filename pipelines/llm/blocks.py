@@ -5,10 +5,10 @@ block table, the blocks of its tokens in order; a sequence that joins or leaves 
 back its own blocks and moves no other sequence's cache.
 
 Automatic prefix caching: once a full block's KV is computed, the block is published under its
-prefix key (prefix.py), and a later sequence whose tokens begin the same way takes the block
-instead of computing it again; blocks are shared, counted by reference, and never written once
-full. A block nobody holds keeps its KV until it is needed: free blocks are handed out first,
-then the least recently released cached ones are evicted.
+prefix key (prefix.py), and a later sequence with the same cache salt whose tokens begin the
+same way takes the block instead of computing it again; blocks are shared, counted by
+reference, and never written once full. A block nobody holds keeps its KV until it is needed:
+free blocks are handed out first, then the least recently released cached ones are evicted.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class BlockPool:
     def _keys(self, seq: Sequence, blocks: int) -> list[bytes]:
         if len(seq.block_keys) < blocks:
             seq.block_keys = chain_keys(seq.token_ids(0, blocks * self.block_size), seq.prompt.image_spans,
-                                        self.block_size, seq.block_keys, blocks)
+                                        self.block_size, seq.block_keys, blocks, seq.params.cache_salt)
         return seq.block_keys
 
     def _take(self) -> int:

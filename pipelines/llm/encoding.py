@@ -1,19 +1,22 @@
 """Image encoding as engine steps, between admission and prefill.
 
 Each engine step computes the vision features of at most one image per sequence here
-(images already in the model's feature cache come free). So a request with many images
-holds the engine loop for one image at a time, and one whose client has gone away is
-dropped at the next step boundary with its remaining images never encoded. Only images with
-placeholders past the sequence's cached prefix are encoded: an image whose tokens' KV came
-from the prefix cache is never looked at again. Sequences whose needed images are all encoded
-go on to prefill with their features; the others never enter this stage.
+(images already in the model's feature cache under the sequence's cache salt come free). So a
+request with many images holds the engine loop for one image at a time, and one whose client
+has gone away is dropped at the next step boundary with its remaining images never encoded.
+Only images with placeholders past the sequence's cached prefix are encoded: an image whose
+tokens' KV came from the prefix cache is never looked at again. Sequences whose needed images
+are all encoded go on to prefill with their features; the others never enter this stage.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .model import ChatModel
+from .prefix import salted
 from .sequence import Sequence
 
 
@@ -52,7 +55,10 @@ class ImageEncoding:
                 for i in needed:
                     if i in features:
                         continue
+                    # Cached under the sequence's salt, as its prefix blocks are: another tenant's
+                    # copy of the same picture goes through the vision encoder again.
                     image = seq.prompt.images[i]
+                    image = replace(image, digest=salted(image.digest, seq.params.cache_salt))
                     cached = self.model.has_features(image)
                     features[i] = self.model.image_features(image)
                     if not cached:

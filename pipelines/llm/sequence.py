@@ -32,6 +32,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: every request generates exactly max_tokens
     prefix_cache: bool = True  # take cached prefix blocks and offer this request's own
+    # Whose cache: cached prefix blocks and image features are shared only between sequences
+    # with the same salt (service.py derives it from the API key or the request's cache_salt).
+    cache_salt: bytes = b""
     repetition: RepetitionOptions = field(default_factory=RepetitionOptions)
 
 

@@ -1,7 +1,13 @@
 """The chat path's one entry: `ChatService` prepares a call (OpenAI messages to the model's
 prompt, within its context and the server's limits, the sampling, the grammar of a
 structured output), then streams or generates it on the resident LLM engine. The chat API
-and the video path's prompt writer both call it, so a call is prepared one way."""
+and the video path's prompt writer both call it, so a call is prepared one way.
+
+The service also decides whose prefix cache a call uses (its cache salt): by default each API
+key its own, so no key learns from `cached_tokens` or from time to first token whether
+another key sent a prompt or an image; a request's `cache_salt` shares with whoever sends the
+same salt; with `VIDSERVE_CHAT_PREFIX_SHARING=global` or on a server without keys, all calls
+share one cache. The video path's own calls come with no key: they share the unsalted cache."""
 
 from __future__ import annotations
 
@@ -48,12 +54,14 @@ class ChatService:
     def prepare(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float = 1.0,
                 top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (), ignore_eos: bool = False,
                 repetition: RepetitionOptions | None = None, response_format: dict | None = None,
-                prefix_cache: bool = True, from_client: bool = True) -> ChatCall:
+                prefix_cache: bool = True, tenant: str | None = None, cache_salt: str | None = None,
+                from_client: bool = True) -> ChatCall:
         """Decode the images, apply the chat template, bound the answer, compile the grammar.
 
         A client's images are held to the server's limits (size, bytes, remote fetching, the
         pixels the model's processor would scale them to); the video path's own frames
-        (`from_client=False`) only to the model's."""
+        (`from_client=False`) only to the model's. `tenant` is the API key's name (None: a
+        server without keys), `cache_salt` the request's."""
         model, settings = self.engine.model, self.settings
         if from_client:
             converted, images = to_model_messages(
@@ -74,8 +82,16 @@ class ChatService:
                                  param="max_tokens")
         params = SamplingParams(max_tokens=max_tokens or min(room, settings.chat_max_tokens), temperature=temperature,
                                 top_p=top_p, seed=seed, stop=stop, ignore_eos=ignore_eos, prefix_cache=prefix_cache,
-                                repetition=repetition or RepetitionOptions())
+                                cache_salt=self._salt(tenant, cache_salt), repetition=repetition or RepetitionOptions())
         return ChatCall(prompt, params, self.engine.grammars.compile(response_format))
+
+    def _salt(self, tenant: str | None, cache_salt: str | None) -> bytes:
+        # Prefixed by kind, so no request's cache_salt can name a key's own cache.
+        if cache_salt is not None:
+            return b"salt:" + cache_salt.encode("utf-8", "surrogatepass")
+        if tenant is not None and self.settings.chat_prefix_sharing == "key":
+            return b"key:" + tenant.encode()
+        return b""
 
     def stream(self, call: ChatCall) -> AsyncIterator[Output]:
         """Outputs as the engine makes them; closing the iterator aborts the call."""
