@@ -7,7 +7,7 @@ import io
 
 from PIL import Image
 
-from vidserve.jobs import Job, JobStatus
+from vidserve.jobs import AdmissionLimits, Job, JobStatus, QuotaExceeded
 from vidserve.keys import Caller
 from vidserve.config import Settings
 from vidserve.media import VideoInfo, load_image, probe_video, read_last_frame
@@ -45,7 +45,7 @@ def submit_video(svc: Services, caller: Caller, body: VideoCreate, image_bytes: 
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         job.input_image_key = svc.storage.put_bytes(f"{job.id}/input.png", buffer.getvalue())
-    return _enqueue(svc, job)
+    return _enqueue(svc, caller, job)
 
 
 def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: bytes | None) -> Job:
@@ -89,7 +89,7 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     source_key = f"{job.id}/source.mp4"
     job.source_video_key = (svc.storage.copy(source_job.outputs["video"], source_key) if body.video is not None
                             else svc.storage.put_bytes(source_key, source_bytes))
-    return _enqueue(svc, job)
+    return _enqueue(svc, caller, job)
 
 
 def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str, priority: Priority | None = None,
@@ -115,7 +115,7 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str, priori
         job.input_image_key = svc.storage.copy(source.input_image_key, f"{job.id}/input.png")
     if source.source_video_key:
         job.source_video_key = svc.storage.copy(source.source_video_key, f"{job.id}/source.mp4")
-    return _enqueue(svc, job)
+    return _enqueue(svc, caller, job)
 
 
 def _denoised_like(body: VideoExtend, source: Job) -> GenerationOptions:
@@ -139,20 +139,6 @@ def _job(svc: Services, caller: Caller, model: str, prompt: str, params: JobPara
         _reject(svc, caller, "max_priority")
         raise APIError(403, f"priority {params.priority!r} is above what API key {caller.name!r} may ask for "
                             f"(max_priority {caller.max_priority!r})", param="priority", code="priority_not_allowed")
-    active = svc.store.with_status([JobStatus.queued, JobStatus.in_progress])
-    queued = sum(job.status is JobStatus.queued for job in active)
-    if queued >= svc.settings.max_queued:
-        _reject(svc, caller, "max_queued")
-        raise APIError(429, f"the queue is full ({queued} jobs waiting); try again later", param="max_queued",
-                       code="queue_full", headers={"Retry-After": "30"})
-    if caller.name is not None:
-        limit = caller.limit("max_active_jobs", svc.settings.key_max_active_jobs)
-        own = sum(job.owner == caller.name for job in active)
-        if limit and own >= limit:
-            _reject(svc, caller, "max_active_jobs")
-            raise APIError(429, f"API key {caller.name!r} has {own} jobs queued or running, its limit "
-                                f"(max_active_jobs {limit}); retry when one finishes", param="max_active_jobs",
-                           code="quota_exceeded", headers={"Retry-After": "30"})
     return Job(model=model, prompt=prompt, max_attempts=svc.settings.max_attempts, params=params,
                owner=caller.name, share=caller.share, webhook_url=webhook_url, **fields)
 
@@ -175,8 +161,17 @@ def _reject(svc: Services, caller: Caller, limit: str) -> None:
     svc.metrics.key_rejected.labels(caller.name or ANONYMOUS_LABEL, limit).inc()
 
 
-def _enqueue(svc: Services, job: Job) -> Job:
-    stored, created = svc.store.create(job)
+def _enqueue(svc: Services, caller: Caller, job: Job) -> Job:
+    """Store `job` and queue it, within the queue's and the caller's limits, which the store
+    checks in the step that stores it: however many requests race, no limit is overshot."""
+    limits = AdmissionLimits(max_queued=svc.settings.max_queued,
+                             max_active=caller.limit("max_active_jobs", svc.settings.key_max_active_jobs))
+    try:
+        stored, created = svc.store.create(job, limits)
+    except QuotaExceeded as refused:
+        svc.storage.delete_prefix(f"{job.id}/")  # its first frame or source video, stored for a job that never was
+        _reject(svc, caller, refused.limit)
+        raise _quota_error(caller, refused) from None
     if not created:  # an Idempotency-Key retry: the job already exists
         svc.storage.delete_prefix(f"{job.id}/")
         if stored.request_hash != job.request_hash:
@@ -186,6 +181,15 @@ def _enqueue(svc: Services, job: Job) -> Job:
     svc.queue.submit(stored)
     svc.metrics.key_accepted.labels(stored.owner or ANONYMOUS_LABEL).inc()
     return stored
+
+
+def _quota_error(caller: Caller, refused: QuotaExceeded) -> APIError:
+    if refused.limit == "max_queued":
+        return APIError(429, f"the queue is full ({refused.count} jobs waiting); try again later", param="max_queued",
+                        code="queue_full", headers={"Retry-After": "30"})
+    return APIError(429, f"API key {caller.name!r} has {refused.count} jobs queued or running, its limit "
+                         f"(max_active_jobs {refused.allowed}); retry when one finishes", param="max_active_jobs",
+                    code="quota_exceeded", headers={"Retry-After": "30"})
 
 
 def _model_spec(svc: Services, asked: str | None, default: str) -> ModelSpec:

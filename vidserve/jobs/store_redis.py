@@ -10,8 +10,8 @@ Keys, under `prefix`:
     {prefix}:deliveries        hash of pending webhook deliveries, id -> JSON
     {prefix}:delivery_seq      counter that hands out delivery ids, in recording order
     {prefix}:lock:{name}       a lock's holder token, expiring with the lock (try_lock)
-Every write of a job keeps its keys in step atomically: create and delete in one script or
-MULTI, update through WATCH/MULTI/EXEC so a concurrent change forces a retry.
+Every write of a job keeps its keys in step atomically: create (its limits checked in the same
+step) and delete in one script or MULTI, update through WATCH/MULTI/EXEC so a concurrent change forces a retry.
 """
 
 from __future__ import annotations
@@ -20,19 +20,38 @@ from typing import Callable, Iterable
 
 import redis
 
-from vidserve.jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery, check_page
+from vidserve.jobs import (AdmissionLimits, Job, JobNotFound, JobStatus, JobStore, QuotaExceeded, WebhookDelivery,
+                           check_page)
 
 # Runs atomically on the server: no other create can come between the idempotency check and
-# the insert (the key's GET, then SET, is a SET NX), and a job gets its sequence number in the
-# same step that makes it visible, so listing never skips a job committed late.
-# KEYS: job, jobs, seq, status set, owner set ('' for none), [idem]. ARGV: id, json, job-key prefix.
+# the insert (the key's GET, then SET, is a SET NX), nor between the counts the limits are
+# checked on and the insert, and a job gets its sequence number in the same step that makes it
+# visible, so listing never skips a job committed late. The owner's active jobs are counted over
+# the queued and running ones (bounded by the queue's limit and the workers), not its history.
+# KEYS: job, jobs, seq, status set, owner set ('' for none), queued set, in_progress set,
+# idem ('' for none). ARGV: id, json, job-key prefix, max_queued (0: none), max_active (0: none).
+# Returns {1} stored, {0, existing json}, {2} id taken, {3, queued} or {4, the owner's active}: refused.
 _CREATE = """
-if KEYS[6] then
-    local existing = redis.call('GET', KEYS[6])
+if KEYS[8] ~= '' then
+    local existing = redis.call('GET', KEYS[8])
     if existing then return {0, redis.call('GET', ARGV[3] .. existing)} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {2} end
-if KEYS[6] then redis.call('SET', KEYS[6], ARGV[1]) end
+local max_queued, max_active = tonumber(ARGV[4]), tonumber(ARGV[5])
+if max_queued > 0 then
+    local queued = redis.call('SCARD', KEYS[6])
+    if queued >= max_queued then return {3, queued} end
+end
+if max_active > 0 and KEYS[5] ~= '' then
+    local active = 0
+    for _, status in ipairs({KEYS[6], KEYS[7]}) do
+        for _, id in ipairs(redis.call('SMEMBERS', status)) do
+            if redis.call('ZSCORE', KEYS[5], id) then active = active + 1 end
+        end
+    end
+    if active >= max_active then return {4, active} end
+end
+if KEYS[8] ~= '' then redis.call('SET', KEYS[8], ARGV[1]) end
 redis.call('SET', KEYS[1], ARGV[2])
 local seq = redis.call('INCR', KEYS[3])
 redis.call('ZADD', KEYS[2], seq, ARGV[1])
@@ -64,16 +83,22 @@ class RedisJobStore(JobStore):
     def status_key(self, status: JobStatus) -> str:
         return self._key("status", JobStatus(status).value)
 
-    def create(self, job: Job) -> tuple[Job, bool]:
+    def create(self, job: Job, limits: AdmissionLimits | None = None) -> tuple[Job, bool]:
+        limits = limits or AdmissionLimits()
         keys = [self._key("job", job.id), self._key("jobs"), self._key("seq"), self.status_key(job.status),
-                self._jobs_key(job.owner) if job.owner is not None else ""]
-        if job.idempotency_key is not None:
-            keys.append(self._key("idem", job.idempotency_key))
-        outcome = self._create(keys=keys, args=[job.id, job.model_dump_json(), self._key("job", "")])
+                self._jobs_key(job.owner) if job.owner is not None else "",
+                self.status_key(JobStatus.queued), self.status_key(JobStatus.in_progress),
+                self._key("idem", job.idempotency_key) if job.idempotency_key is not None else ""]
+        args = [job.id, job.model_dump_json(), self._key("job", ""), limits.max_queued or 0, limits.max_active or 0]
+        outcome = self._create(keys=keys, args=args)
         if outcome[0] == 1:
             return job, True
         if outcome[0] == 0:
             return Job.model_validate_json(outcome[1]), False
+        if outcome[0] == 3:
+            raise QuotaExceeded("max_queued", outcome[1], limits.max_queued)
+        if outcome[0] == 4:
+            raise QuotaExceeded("max_active_jobs", outcome[1], limits.max_active)
         raise ValueError(f"job {job.id} already exists")
 
     def get(self, job_id: str) -> Job | None:

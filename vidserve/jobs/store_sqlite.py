@@ -15,7 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from vidserve.jobs import Job, JobNotFound, JobStatus, JobStore, WebhookDelivery, check_page
+from vidserve.jobs import (AdmissionLimits, Job, JobNotFound, JobStatus, JobStore, QuotaExceeded, WebhookDelivery,
+                           check_page)
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (
@@ -75,22 +76,36 @@ class SQLiteJobStore(JobStore):
                 self._db.execute("ROLLBACK")
                 raise
 
-    def create(self, job: Job) -> tuple[Job, bool]:
+    def create(self, job: Job, limits: AdmissionLimits | None = None) -> tuple[Job, bool]:
+        # The write lock, taken up front, holds every other process's create (and update) off
+        # from the lookups to the insert: the counts the limits are checked on stay true.
         with self._transaction("IMMEDIATE") as db:
-            # The UNIQUE constraints decide: OR IGNORE skips the row on a taken idempotency key
-            # (or id), and the write lock keeps the lookup below consistent with that decision.
+            if job.idempotency_key is not None:
+                row = db.execute("SELECT data FROM jobs WHERE idempotency_key = ?", (job.idempotency_key,)).fetchone()
+                if row:
+                    return Job.model_validate_json(row[0]), False
+            if limits is not None:
+                self._admit(db, job, limits)
             inserted = db.execute(
                 "INSERT OR IGNORE INTO jobs (id, status, idempotency_key, created_at, owner, data) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (job.id, job.status.value, job.idempotency_key, job.created_at, job.owner, job.model_dump_json()),
             ).rowcount
-            if inserted:
-                return job, True
-            if job.idempotency_key is not None:
-                row = db.execute("SELECT data FROM jobs WHERE idempotency_key = ?", (job.idempotency_key,)).fetchone()
-                if row:
-                    return Job.model_validate_json(row[0]), False
-            raise ValueError(f"job {job.id} already exists")
+            if not inserted:
+                raise ValueError(f"job {job.id} already exists")
+            return job, True
+
+    @staticmethod
+    def _admit(db: sqlite3.Connection, job: Job, limits: AdmissionLimits) -> None:
+        if limits.max_queued:
+            (queued,) = db.execute("SELECT COUNT(*) FROM jobs WHERE status = ?", (JobStatus.queued.value,)).fetchone()
+            if queued >= limits.max_queued:
+                raise QuotaExceeded("max_queued", queued, limits.max_queued)
+        if limits.max_active and job.owner is not None:
+            (active,) = db.execute("SELECT COUNT(*) FROM jobs WHERE owner = ? AND status IN (?, ?)",
+                                   (job.owner, JobStatus.queued.value, JobStatus.in_progress.value)).fetchone()
+            if active >= limits.max_active:
+                raise QuotaExceeded("max_active_jobs", active, limits.max_active)
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:
