@@ -12,7 +12,7 @@ is sent per job scheduled; a message that finds nothing left is done.
 
 Redelivery alone can't recover a job whose worker was killed (its message stays unacked for
 the whole visibility timeout), so a lease reaper — in the API and in every worker — schedules
-again running jobs whose worker went silent (first in their priority), and queued jobs missing
+again running jobs whose worker went silent (first in line), and queued jobs missing
 from the schedule; the API wakes the workers for every queued job again when it starts and
 after Redis restarts; the runner's atomic start keeps a job from running twice.
 Each worker also keeps a heartbeat in Redis, so the API refuses a job for a model no worker

@@ -1,8 +1,8 @@
 """The embedded queue: one worker thread in the server process, jobs in the JobStore.
 
 `vidserve serve` needs no service at all with it. Jobs run one at a time, in the order the
-fair-share policy gives (`workers/fair_share.py`: priority with aging, then the least served
-key's oldest job), over every queued job: all models share the one worker, so they share one
+fair-share policy gives (`workers/fair_share.py`: the least served key's next job by priority
+with aging), over every queued job: all models share the one worker, so they share one
 line. The line is read from the store at each pick, so a restart loses nothing but the keys'
 recent starts. On start it recovers jobs that were running when a previous process died (run
 again or, with their attempts used up, failed), then its thread warms up on the default model
@@ -20,7 +20,7 @@ from collections import deque
 from vidserve import jobs
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore
 from vidserve.jobs.outages import OUTAGES
-from vidserve.jobs.standing import RECENT_JOBS, Running, Standing, mean_durations, standings
+from vidserve.jobs.standing import RECENT_JOBS, InLine, Running, Standing, mean_durations, standings
 from vidserve.webhooks import announce
 
 from .fair_share import Entry, Fairness, next_entry, start_order
@@ -61,13 +61,13 @@ class EmbeddedQueue:
         with self._wake:
             fairness, running, durations = self._fairness.copy(), self._running, mean_durations(self._recent)
         now = time.time()
-        models = {job.id: job.model for job in queued}
+        lines = {job.id: InLine(job.id, job.model, job.owner or "") for job in queued}
         # Picked but not yet started, a job still shows queued: it is first in line, and nothing runs before it.
-        starting = [running[0]] if running is not None and running[0] in models else []
+        starting = [running[0]] if running is not None and running[0] in lines else []
         waiting = [Entry.of(job) for job in queued if job.id not in starting]
         order = [*starting, *(entry.id for entry in start_order(waiting, fairness, now, self.aging_seconds))]
         runs = [running[1]] if running is not None and not starting else []
-        return standings([(job_id, models[job_id]) for job_id in order], runs, durations, 1, now)
+        return standings([lines[job_id] for job_id in order], runs, durations, 1, now)
 
     @property
     def alive(self) -> bool:

@@ -17,52 +17,51 @@ Returns the claimed id, or nil when nothing waits. An id whose job is no longer 
 CLAIM_NEXT = """
 local now, aging = tonumber(ARGV[1]), tonumber(ARGV[2])
 local clock = tonumber(redis.call('GET', KEYS[6]) or '0')
+local served, flat = {}, redis.call('HGETALL', KEYS[5])
+for i = 1, #flat, 2 do served[flat[i]] = tonumber(flat[i + 1]) end
 local function standing(key)
-    return math.max(tonumber(redis.call('HGET', KEYS[5], key) or '0'), clock)
+    return math.max(served[key] or 0, clock)
 end
+-- fair_share.next_entry: a job given back first, oldest first; else the least served key,
+-- then the highest effective level, then the oldest.
 local function before(a, b)
-    if a.rank ~= b.rank then return a.rank < b.rank end
+    if a.retry ~= b.retry then return a.retry end
+    if not a.retry then
+        if a.standing ~= b.standing then return a.standing < b.standing end
+        if a.level ~= b.level then return a.level > b.level end
+    end
     if a.at ~= b.at then return a.at < b.at end
     return a.id < b.id
 end
-local function add(candidates, zset, found)
+local entries, waiting = {}, {}
+flat = redis.call('HGETALL', KEYS[4])
+for i = 1, #flat, 2 do entries[flat[i]] = cjson.decode(flat[i + 1]) end
+for level = 1, 3 do
+    local found = redis.call('ZRANGE', KEYS[level], 0, -1, 'WITHSCORES')
     for i = 1, #found, 2 do
-        candidates[#candidates + 1] = {id = found[i], at = tonumber(found[i + 1]), zset = zset}
+        local id, at = found[i], tonumber(found[i + 1])
+        local entry = entries[id]
+        -- fair_share.effective_level: one level higher once it has waited `aging` (levels 0-2 here are 1-3).
+        local effective = (at <= now - aging) and math.min(level + 1, 3) or level
+        waiting[#waiting + 1] = {id = id, at = at, zset = KEYS[level], key = entry.key, share = entry.share,
+                                 retry = entry.retry, level = effective, standing = standing(entry.key)}
     end
 end
-while true do
-    -- The highest effective level: a level's jobs, and the jobs one below that waited past aging.
-    local candidates = {}
-    for level = 3, 1, -1 do
-        add(candidates, KEYS[level], redis.call('ZRANGE', KEYS[level], 0, -1, 'WITHSCORES'))
-        if level > 1 then
-            local aged = string.format('%.17g', now - aging)
-            add(candidates, KEYS[level - 1], redis.call('ZRANGEBYSCORE', KEYS[level - 1], '-inf', aged, 'WITHSCORES'))
-        end
-        if #candidates > 0 then break end
+while #waiting > 0 do
+    local chosen, index = nil, nil
+    for i, w in ipairs(waiting) do
+        if chosen == nil or before(w, chosen) then chosen, index = w, i end
     end
-    if #candidates == 0 then return nil end
-    local retrying = false
-    for _, c in ipairs(candidates) do
-        local entry = cjson.decode(redis.call('HGET', KEYS[4], c.id))
-        c.key, c.share, c.retry = entry.key, entry.share, entry.retry
-        retrying = retrying or c.retry
-    end
-    -- A job given back goes first, oldest first; else the least served key's oldest job.
-    local chosen = nil
-    for _, c in ipairs(candidates) do
-        if not retrying or c.retry then
-            c.rank = retrying and 0 or standing(c.key)
-            if chosen == nil or before(c, chosen) then chosen = c end
-        end
-    end
+    table.remove(waiting, index)
     redis.call('ZREM', chosen.zset, chosen.id)
     redis.call('HDEL', KEYS[4], chosen.id)
     if redis.call('SISMEMBER', KEYS[7], chosen.id) == 1 then
-        local base = standing(chosen.key)
-        redis.call('SET', KEYS[6], string.format('%.17g', base))
-        redis.call('HSET', KEYS[5], chosen.key, string.format('%.17g', base + 1 / chosen.share))
+        if not chosen.retry then  -- a job given back was charged when it first started
+            redis.call('SET', KEYS[6], string.format('%.17g', chosen.standing))
+            redis.call('HSET', KEYS[5], chosen.key, string.format('%.17g', chosen.standing + 1 / chosen.share))
+        end
         return chosen.id
     end
 end
+return nil
 """

@@ -21,7 +21,7 @@ import time
 import redis
 
 from vidserve.jobs import Job, JobStatus
-from vidserve.jobs.standing import RECENT_JOBS, Running, Standing, mean_durations, standings
+from vidserve.jobs.standing import RECENT_JOBS, InLine, Running, Standing, mean_durations, standings
 from vidserve.jobs.store_redis import RedisJobStore
 from vidserve.priorities import PRIORITIES
 
@@ -31,6 +31,7 @@ from .redis_claim import CLAIM_NEXT
 
 class RedisSchedule:
     def __init__(self, store: RedisJobStore, aging_seconds: float):
+        self.store = store
         self.redis = redis.Redis.from_url(store.url, decode_responses=True)
         self.prefix, self.aging_seconds = store.prefix, aging_seconds
         self.queued_key = store.status_key(JobStatus.queued)
@@ -79,9 +80,12 @@ class RedisSchedule:
         waiting = [Entry(id=job_id, level=level, queued_at=score, **json.loads(entries[job_id]))
                    for level, members in enumerate(levels) for job_id, score in members
                    if job_id in queued]
-        starting = [job_id for job_id in queued if job_id not in entries]
+        # Claimed a moment ago, not started yet: first in line. Its key is in the job, no longer in the schedule.
+        starting = [job for job_id in queued if job_id not in entries and (job := self.store.get(job_id)) is not None]
         fairness = Fairness({key: float(value) for key, value in served.items()}, float(clock or 0))
         now = time.time()
-        order = [*starting, *(entry.id for entry in start_order(waiting, fairness, now, self.aging_seconds))]
+        order = [*(InLine(job.id, model, job.owner or "") for job in starting),
+                 *(InLine(entry.id, model, entry.key) for entry in start_order(waiting, fairness, now,
+                                                                               self.aging_seconds))]
         means = mean_durations({model: [float(seconds) for seconds in durations]})
-        return standings([(job_id, model) for job_id in order], running, means, workers, now)
+        return standings(order, running, means, workers, now)

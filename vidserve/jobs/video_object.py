@@ -46,10 +46,11 @@ class VideoObject(BaseModel):
     error: JobError | None
     priority: Priority
     queue_position: int | None = Field(description="While queued: its place in line, 1 for the next job to start "
-                                       "on its model's workers; null once it starts.")
+                                       "on its model's workers; on a server with keys, its place among its key's "
+                                       "own waiting jobs (1: its key's next); null once it starts.")
     estimated_start_at: int | None = Field(description="While queued: when it should start (unix time), from its "
                                            "model's recent job durations and the jobs ahead; null once it starts, "
-                                           "or before the model has run a job.")
+                                           "before the model has run a job, and on a server with keys.")
     # Extensions: what exactly was generated, and how it went.
     warnings: list[OutputWarning] = Field(description="What looks wrong (blank, flat, frozen): in a chunk as soon as "
                                           "it is made (`chunk` names it), in the whole video once completed.")
