@@ -72,7 +72,10 @@ class Services:
         standing = None
         if job.status is JobStatus.queued:
             standing = (self.queue.standings(job.model) if standings is None else standings).get(job.id)
-        return VideoObject.of(job, self.stream_tokens.sign(job.id) if self.keyring.enabled else None, standing)
+        # Signed for the owner's key, so its links stop when that key is removed (a video made before the
+        # server had keys has no owner: its link carries no token, and an admin's header plays it).
+        token = self.stream_tokens.sign(job.id, job.owner) if self.keyring.enabled and job.owner else None
+        return VideoObject.of(job, token, standing)
 
     def videos(self, page: list[Job]) -> list[VideoObject]:
         """Video objects of many jobs, each model's line read once."""

@@ -130,12 +130,19 @@ def test_stream_tokens_stand_in_for_the_key(tmp_path):
         playlist = client.get(url)
         assert playlist.status_code == 200
         uris = [line for line in playlist.text.splitlines() if line.startswith("stream/")]
-        assert len(uris) == 2 and all("?token=" in uri for uri in uris)
-        assert client.get(f"/v1/videos/{video['id']}/{uris[0]}").status_code == 200
         token = url.partition("token=")[2]
-        expired = services.stream_tokens.sign(video["id"], now=time.time() - 2 * services.stream_tokens.seconds)
+        assert len(uris) == 2 and all(uri.endswith(f"?token={token}") for uri in uris)
+        assert client.get(f"/v1/videos/{video['id']}/{uris[0]}").status_code == 200
+        # The token names the video's key: A's here, B's on B's video.
+        tokens = services.stream_tokens
+        key_name = tokens.check(video["id"], token)
+        other_name = tokens.check(other["id"], other["stream_url"].partition("token=")[2])
+        assert {key_name, other_name} == {key.name for key in services.keyring.keys}
+        expired = tokens.sign(video["id"], key_name, now=time.time() - 2 * tokens.seconds)
         tampered = token[:-1] + ("A" if token[-1] != "A" else "B")
-        for bad in (expired, tampered, services.stream_tokens.sign(other["id"]), "garbage", "99999999999."):
+        renamed = token.replace(f".{key_name}.", f".{other_name}.")
+        for bad in (expired, tampered, renamed, tokens.sign(other["id"], key_name), "garbage",
+                    "99999999999.", f"99999999999..{token.rpartition('.')[2]}"):
             refused = client.get(f"/v1/videos/{video['id']}/stream.m3u8", params={"token": bad})
             assert refused.status_code == 403 and refused.json()["error"]["code"] == "invalid_stream_token", bad
             assert client.get(f"/v1/videos/{video['id']}/stream/0.m4s", params={"token": bad}).status_code == 403

@@ -17,7 +17,8 @@ role and its own quotas, and holds only the key's SHA-256:
 
 A job records its owner's `name`, never the key. Keys are long random secrets, so a plain
 SHA-256 (not a slow password hash) is enough to keep the file from leaking them.
-`vidserve hash-key KEY` prints the line for a key.
+`vidserve hash-key KEY` prints the line for a key. The file is read again when it changes, so a
+key removed from it stops working (its stream links too) without a restart.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import os
+import re
+import threading
+import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -33,6 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vidserve.errors import VidserveError, from_validation_error
 from vidserve.priorities import Priority
+
+log = logging.getLogger("vidserve.keys")
+
+_NAME_CHARS = "[A-Za-z0-9_.@-]"
+KEY_NAME = re.compile(rf"{_NAME_CHARS}{{1,64}}")  # what ApiKey.name accepts
 
 
 def key_digest(key: str | bytes) -> str:
@@ -58,7 +70,7 @@ class Quotas(BaseModel):
 
 
 class ApiKey(Quotas):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
+    name: str = Field(min_length=1, max_length=64, pattern=rf"^{_NAME_CHARS}+$")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     role: Literal["user", "admin"] = "user"
     share: float = Field(1.0, gt=0, description="Its weight in the fair share of workers among keys with "
@@ -109,40 +121,105 @@ class Caller(BaseModel):
 ANONYMOUS = Caller()
 
 
-class KeyRing:
-    """The configured keys; `find` compares every digest in constant time, whatever the input."""
+@dataclass(frozen=True)
+class _Keys:
+    """One reading of the keys, swapped whole when the keys file changes."""
 
-    def __init__(self, keys: list[ApiKey]):
+    keys: tuple[ApiKey, ...]
+    callers: dict[str, Caller]  # made once per reading: requests look them up
+
+    @classmethod
+    def of(cls, keys: list[ApiKey]) -> "_Keys":
         names = [k.name for k in keys]
         if len(set(names)) != len(names):
             repeated = sorted({n for n in names if names.count(n) > 1})
             raise VidserveError(f"API key names must be unique; repeated: {', '.join(repeated)}")
-        self.keys = keys
-        self._callers = {key.name: Caller.of(key) for key in keys}  # made once: requests look them up
+        return cls(tuple(keys), {key.name: Caller.of(key) for key in keys})
+
+
+class KeyRing:
+    """The configured keys; `find` compares every digest in constant time, whatever the input.
+
+    A keys file is read again once it changes (looked at no more than every RECHECK_SECONDS), so
+    removing a key revokes it without a restart. A file that no longer reads keeps the keys read
+    before it (logged): a half-saved edit must not lock everyone out. A server started with keys
+    always requires one, whatever the file later holds."""
+
+    RECHECK_SECONDS = 1.0
+
+    def __init__(self, keys: list[ApiKey], keys_file: Path | None = None):
+        self._fixed = keys  # from VIDSERVE_API_KEYS: they never change
+        self._file = keys_file
+        self._stamp = _stamp(keys_file)  # taken before reading: a change during the read is read next time
+        self._current = _Keys.of(keys + (_read_keys_file(keys_file) if keys_file is not None else []))
+        self._next_look = time.monotonic() + self.RECHECK_SECONDS
+        self._reading = threading.Lock()
+        self.enabled = bool(self._current.keys)
 
     @classmethod
     def from_settings(cls, api_keys: frozenset[str], keys_file: str | Path | None) -> "KeyRing":
         keys = [ApiKey(name=f"key-{key_digest(k)[:8]}", sha256=key_digest(k)) for k in sorted(api_keys)]
-        if keys_file is not None:
-            keys += _read_keys_file(Path(keys_file))
-        return cls(keys)
+        return cls(keys, None if keys_file is None else Path(keys_file))
 
     @property
-    def enabled(self) -> bool:
-        return bool(self.keys)
+    def keys(self) -> tuple[ApiKey, ...]:
+        return self._fresh().keys
 
     def find(self, token: bytes) -> ApiKey | None:
+        return self._find(self._fresh(), token)
+
+    def caller(self, token: bytes) -> Caller | None:
+        """The caller a key belongs to, or None for an unknown key."""
+        current = self._fresh()
+        key = self._find(current, token)
+        return None if key is None else current.callers[key.name]
+
+    def named(self, name: str) -> Caller | None:
+        """The caller of the key named `name`, or None when no key has that name (any more)."""
+        return self._fresh().callers.get(name)
+
+    @staticmethod
+    def _find(current: _Keys, token: bytes) -> ApiKey | None:
         digest = key_digest(token).encode()
         found = None
-        for key in self.keys:  # no early exit: the time taken does not say which key matched
+        for key in current.keys:  # no early exit: the time taken does not say which key matched
             if hmac.compare_digest(digest, key.sha256.encode()):
                 found = key
         return found
 
-    def caller(self, token: bytes) -> Caller | None:
-        """The caller a key belongs to, or None for an unknown key."""
-        key = self.find(token)
-        return None if key is None else self._callers[key.name]
+    def _fresh(self) -> _Keys:
+        """The keys, read again first if the keys file has changed since they were read."""
+        if self._file is None or time.monotonic() < self._next_look:
+            return self._current
+        # One caller looks while the rest go on with the keys they have (the event loop never waits here).
+        if self._reading.acquire(blocking=False):
+            try:
+                self._next_look = time.monotonic() + self.RECHECK_SECONDS
+                stamp = _stamp(self._file)
+                if stamp != self._stamp:
+                    self._stamp = stamp
+                    self._reread()
+            finally:
+                self._reading.release()
+        return self._current
+
+    def _reread(self) -> None:
+        try:
+            current = _Keys.of(self._fixed + _read_keys_file(self._file))
+        except VidserveError as exc:
+            log.error("%s; keeping the %d keys read before", exc, len(self._current.keys))
+            return
+        self._current = current
+        log.info("keys file %s read again: %d keys", self._file, len(current.keys))
+
+
+def _stamp(path: Path | None) -> tuple[int, int, int] | None:
+    """What changes when a file is written or replaced: its inode, size and modification time."""
+    try:
+        stat = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return None if stat is None else (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def _read_keys_file(path: Path) -> list[ApiKey]:

@@ -1,7 +1,11 @@
 """Signed stream URLs. Players (a <video>, hls.js, ffmpeg, a CDN) cannot send an Authorization
-header, so on a server with keys a video's HLS URLs carry a token instead: its expiry and an
-HMAC-SHA256 of the video id and that expiry. Every API process of a deployment must share the
-secret (`VIDSERVE_STREAM_SECRET`), or each makes and keeps its own in its data directory.
+header, so on a server with keys a video's HLS URLs carry a token instead: `EXPIRES.KEY.MAC`, its
+expiry, the name of the API key it was issued for, and an HMAC-SHA256 of the video id, that name
+and that expiry. The expiry is fixed when the link is issued: the playlist hands its segments the
+token it was read with, never a later one, so a link ends when it says (and the same URLs across
+reloads let URL-keyed caches work); the API refuses a token whose key is gone. Every API process of
+a deployment must share the secret (`VIDSERVE_STREAM_SECRET`), or each makes and keeps its own in its
+data directory.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import secrets
 import time
 from pathlib import Path
 
+from vidserve.keys import KEY_NAME
+
 log = logging.getLogger("vidserve.stream_tokens")
 
 
@@ -23,22 +29,28 @@ class StreamTokens:
         self._key = secret.encode()
         self.seconds = seconds
 
-    def sign(self, video_id: str, now: float | None = None) -> str:
-        """A token for the video's stream, good for `seconds` from `now`."""
+    def sign(self, video_id: str, key_name: str, now: float | None = None) -> str:
+        """A token for the video's stream on behalf of key `key_name`, good for `seconds` from `now`."""
         expires = int(time.time() if now is None else now) + self.seconds
-        return f"{expires}.{self._mac(video_id, expires)}"
+        return f"{expires}.{key_name}.{self._mac(video_id, key_name, expires)}"
 
-    def check(self, video_id: str, token: str, now: float | None = None) -> bool:
-        """Whether `token` was signed for this video and has not expired."""
-        expires, _, mac = token.partition(".")
-        if not expires.isascii() or not expires.isdigit() or len(expires) > 12:
-            return False
+    def check(self, video_id: str, token: str, now: float | None = None) -> str | None:
+        """The name of the key `token` was issued for, if it was signed for this video and has not
+        expired; else None."""
+        expires, _, named = token.partition(".")
+        key_name, _, mac = named.rpartition(".")  # key names may hold dots; the MAC (base64url) never does
+        if not expires.isascii() or not expires.isdigit() or len(expires) > 12 or not KEY_NAME.fullmatch(key_name):
+            return None
         if int(expires) < (time.time() if now is None else now):
-            return False
-        return hmac.compare_digest(mac.encode(), self._mac(video_id, int(expires)).encode())
+            return None
+        if not hmac.compare_digest(mac.encode(), self._mac(video_id, key_name, int(expires)).encode()):
+            return None
+        return key_name
 
-    def _mac(self, video_id: str, expires: int) -> str:
-        digest = hmac.new(self._key, f"{video_id}.{expires}".encode(), hashlib.sha256).digest()
+    def _mac(self, video_id: str, key_name: str, expires: int) -> str:
+        # Newlines apart: no key name or expiry holds one, so no two (video, key, expiry) sign the same text.
+        signed = f"{video_id}\n{key_name}\n{expires}".encode("utf-8", "surrogatepass")
+        digest = hmac.new(self._key, signed, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 

@@ -3,12 +3,18 @@ as chunks finish, and `GET /v1/videos/{id}/stream/{name}`, its init and media se
 read from Storage (so any API process serves any job's stream).
 
 Players cannot send an Authorization header: on a server with keys, a `token` query
-parameter (the video object's `stream_url` carries one) stands in for it, and the playlist
-hands a fresh one to its segment URIs. An Authorization header works too, as everywhere.
+parameter (the video object's `stream_url` carries one) stands in for the key it names, and the
+playlist hands that same token to its segment URIs, so a link works until the expiry it was issued
+with and no longer than its key. An Authorization header works too, as everywhere.
+
+A player started before the video has a segment (a queued job) would read an empty playlist, which
+ffmpeg takes for a stream with nothing in it: that playlist request is held, as LL-HLS blocking
+playlist reloads are, until the first segment exists, the job ends, or `stream_hold_seconds` pass.
 """
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
@@ -25,6 +31,7 @@ router = APIRouter(prefix="/v1/videos", tags=["videos"])
 
 PLAYLIST_TYPE = "application/vnd.apple.mpegurl"
 SEGMENT_TYPES = {".mp4": "video/mp4", ".m4s": "video/iso.segment"}
+HOLD_POLL_SECONDS = 0.1  # how often a held playlist request reads the job again
 TOKEN = Query(None, max_length=200, description="The token of the video's `stream_url`, for players that cannot "
                                                 "send an Authorization header (servers with keys).")
 
@@ -32,17 +39,19 @@ TOKEN = Query(None, max_length=200, description="The token of the video's `strea
 def _streamed(svc: Services, request: Request, video_id: str, token: str | None) -> Job:
     """The video, if the token (or else the Authorization header) lets the caller see it."""
     if token is not None and svc.keyring.enabled:
-        if not svc.stream_tokens.check(video_id, token):
+        key_name = svc.stream_tokens.check(video_id, token)
+        if key_name is None:
             raise APIError(403, f"the stream token of video {video_id} is invalid or has expired; take a fresh "
                                 "stream_url from GET /v1/videos/{id}", param="token", code="invalid_stream_token")
-        job = svc.store.get(video_id)
-        if job is None:
-            raise not_found(video_id)
+        caller = svc.keyring.named(key_name)
+        if caller is None:
+            raise APIError(403, f"the stream token of video {video_id} was issued for API key {key_name!r}, which "
+                                "this server no longer has", param="token", code="invalid_stream_token")
     else:
         caller = authenticate(request)
-        job = svc.store.get(video_id)
-        if job is None or not caller.sees(job.owner):
-            raise not_found(video_id)
+    job = svc.store.get(video_id)
+    if job is None or not caller.sees(job.owner):
+        raise not_found(video_id)
     if job.is_expired():
         raise video_expired(job)
     return job
@@ -52,7 +61,10 @@ def _streamed(svc: Services, request: Request, video_id: str, token: str | None)
 async def stream_playlist(request: Request, video_id: str, token: str | None = TOKEN,
                           svc: Services = Depends(services)):
     job = await run_in_threadpool(_streamed, svc, request, video_id, token)
-    query = f"?token={svc.stream_tokens.sign(video_id)}" if token is not None and svc.keyring.enabled else ""
+    if not job.segments and not job.status.terminal:
+        job = await _first_segment(svc, request, job)
+    # The token it was read with, checked above: the same URLs on every reload, expiring when the link does.
+    query = f"?token={token}" if token is not None and svc.keyring.enabled else ""
     p = job.params
     longest = max([*p.chunk_frames, *(s["frames"] for s in job.segments)]) / p.fps
     playlist = media_playlist(f"stream/{INIT_NAME}{query}",
@@ -61,6 +73,19 @@ async def stream_playlist(request: Request, video_id: str, token: str | None = T
     # A player reloads a growing playlist: no cache may hold it; an ended one no longer changes.
     cache = "no-cache" if not job.status.terminal else "max-age=60"
     return Response(playlist, media_type=PLAYLIST_TYPE, headers={"cache-control": cache})
+
+
+async def _first_segment(svc: Services, request: Request, job: Job) -> Job:
+    """The job once it has a segment or has ended, or as it is after `stream_hold_seconds` (a
+    player that gets an empty playlist then reloads it, as it would a live one)."""
+    with anyio.move_on_after(svc.settings.stream_hold_seconds):
+        while not job.segments and not job.status.terminal and not await request.is_disconnected():
+            await anyio.sleep(HOLD_POLL_SECONDS)
+            held = await run_in_threadpool(svc.store.get, job.id)
+            if held is None:  # deleted meanwhile
+                raise not_found(job.id)
+            job = held
+    return job
 
 
 @router.get("/{video_id}/stream/{name}")
