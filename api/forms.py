@@ -45,6 +45,7 @@ async def read_body(request: Request, limit: int, file_fields: tuple[str, ...]) 
     if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         return await _read_form(request, limit, file_fields)
     fields = _parse_object(await request.body() or b"{}")
+    require_unicode(fields)
     files = {}
     if "input_reference" in file_fields and fields.get("input_reference") is not None:
         files["input_reference"] = reference_bytes(fields.pop("input_reference"), limit)
@@ -76,6 +77,7 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
             fields[key] = _parse_field(key, value)
         else:
             fields[key] = value
+    require_unicode(fields)  # a JSON-valued field may hold "\ud800" (plain ones are decoded as latin-1 if not UTF-8)
     return fields, files
 
 
@@ -201,6 +203,51 @@ def _field_too_deep_to_parse(raw: bytes) -> str | None:
             pos = _SPACE.match(text, pos).end()
     except (ValueError, RecursionError):  # not an object json could read, or a key nested that deep
         return None
+
+
+# Lone UTF-16 surrogates: JSON's \ud800 escapes, unpaired, decode to them, and no UTF-8 encoder (the job
+# store's, the tokenizer's, a response's) can write them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def require_unicode(value: Any, whole: str = "the body") -> None:
+    """Refuse decoded JSON holding text that is not valid Unicode, with a 400 naming the first
+    such field by its dotted path (`metadata.k`, `messages.0.content`; `whole` for the value
+    itself), before anything keeps, encodes or echoes it. Walked without recursion, keys included."""
+    pending: list[tuple[Any, str | None]] = [(value, None)]
+    while pending:
+        item, path = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise _not_unicode(path, f"{path or whole} is not valid Unicode")
+        elif isinstance(item, dict):
+            for key in item:
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    raise _not_unicode(path, f"{path or whole} has a key that is not valid Unicode")
+            pending.extend((child, _join(path, key)) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            pending.extend((child, _join(path, index)) for index, child in reversed(list(enumerate(item))))
+
+
+async def unicode_json_body(request: Request) -> None:
+    """A route dependency for a body FastAPI decodes: `require_unicode` on the JSON it read
+    (`request.json()` keeps it), before the body model is validated."""
+    try:
+        body = await request.json() if await request.body() else None
+    except (ValueError, RecursionError):
+        return  # not JSON: FastAPI's own parse of the body answers that
+    require_unicode(body)
+
+
+def _join(path: str | None, part: str | int) -> str:
+    part = str(part)[:ECHO_CHARS]  # a client's key, cut as error messages quote input
+    return f"{path}.{part}" if path else part
+
+
+def _not_unicode(param: str | None, what: str) -> APIError:
+    return APIError(400, f"{what}: it holds an unpaired surrogate (such as \\ud800), which is no character; "
+                         "send text as UTF-8, or as JSON escapes of whole characters", param=param,
+                    code="invalid_unicode")
 
 
 def _too_deep(param: str | None) -> APIError:

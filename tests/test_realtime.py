@@ -254,3 +254,96 @@ def test_a_session_may_start_from_an_image_sent_as_a_data_url(tmp_path):
             created = json.loads(ws.receive_text())
         assert created["type"] == "video.created" and created["video"]["has_input_reference"]
         assert services.storage.exists(services.store.get(created["video"]["id"]).input_image_key)
+
+
+# What once raised inside the session, dropping the socket with no close frame and leaving the
+# video running: each is an error now, and the session goes on.
+HOSTILE_MESSAGES = [
+    ('{"type": "prompt.update", "prompt": "x", "n": ' + "1" * 5000 + "}", "invalid_json", None),  # > 4300 digits
+    ("[" * 100_000, "json_too_deep", None),  # past what Python's json reader can nest
+    ('{"type": "prompt.update", "prompt": "x"', "invalid_json", None),
+    ('{"type": "prompt.update", "prompt": "steer \\ud800"}', "invalid_unicode", "prompt"),  # a lone surrogate
+    ('{"type": "session.create", "prompt": "x", "metadata": {"k": "\\udfff"}}', "invalid_unicode", "metadata.k"),
+    ('{"type": "prompt.update", "prompt": "x", "\\ud800": 1}', "invalid_unicode", None),
+]
+
+
+def test_hostile_messages_mid_session_get_errors_and_closing_still_cancels_the_video(server):
+    async def session():
+        async with websockets.connect(ws_url(server)) as ws:
+            await ws.send(json.dumps({"type": "session.create", **LONG, "prompt": "under attack"}))
+            video_id = (await receive_json(ws))["video"]["id"]
+            errors = []
+            for text, _, _ in HOSTILE_MESSAGES:
+                await ws.send(text)
+                errors.append(await until_error(ws, []))
+            await ws.send(json.dumps({"type": "prompt.update", "prompt": "still steering"}))
+            updated = await until(ws, "prompt.updated", [])
+            return video_id, errors, updated
+
+    video_id, errors, updated = run(session())
+    assert [(e["code"], e["param"]) for e in errors] == [(code, param) for _, code, param in HOSTILE_MESSAGES], errors
+    assert all(e["message"] for e in errors)
+    assert updated["from_chunk"] >= 0
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        def cancelled() -> bool:
+            status = http.get(f"/v1/videos/{video_id}").json()["status"]
+            assert status == "cancelled", status
+            return True
+
+        eventually(cancelled, timeout=120, what=f"{video_id} to be cancelled once its socket closed")
+
+
+def reply(ws) -> dict:
+    """The next text message that answers the client: a waiting session's `video.queued` is skipped."""
+    while (message := json.loads(ws.receive_text()))["type"] == "video.queued":
+        pass
+    return message
+
+
+def test_prompt_updates_are_capped_in_count_and_size_and_the_session_goes_on(tmp_path):
+    services = idle_services(tmp_path, realtime_max_prompt_updates=3, max_prompt_chars=40)
+    with app_client(tmp_path, services) as (client, _):
+        with client.websocket_connect("/v1/realtime/video") as ws:
+            ws.send_text(json.dumps({"type": "session.create", **TINY, "prompt": "waiting", "seconds": 2}))
+            video_id = reply(ws)["video"]["id"]
+            ws.send_text(json.dumps({"type": "prompt.update", "prompt": "x" * 41}))
+            too_long = reply(ws)
+            answers = []
+            for n in range(4):
+                ws.send_text(json.dumps({"type": "prompt.update", "prompt": f"update {n}"}))
+                answers.append(reply(ws))
+            ws.send_text(json.dumps({"type": "session.stop"}))
+            stopping = reply(ws)
+        updates = services.store.get(video_id).prompt_updates
+    assert too_long["type"] == "error" and too_long["param"] == "prompt" and "40 characters" in too_long["message"]
+    assert [a["type"] for a in answers] == ["prompt.updated"] * 3 + ["error"]
+    over = answers[-1]
+    assert over["code"] == "too_many_prompt_updates" and over["param"] == "prompt", over
+    assert "VIDSERVE_REALTIME_MAX_PROMPT_UPDATES" in over["message"]
+    assert stopping["type"] == "session.stopping"
+    assert [u["prompt"] for u in updates] == ["update 0", "update 1", "update 2"]
+
+
+def test_a_failure_in_the_server_closes_the_socket_with_1011_and_cancels_the_video(tmp_path):
+    services = idle_services(tmp_path)
+    with app_client(tmp_path, services) as (client, _):
+        with client.websocket_connect("/v1/realtime/video") as ws:
+            ws.send_text(json.dumps({"type": "session.create", **TINY, "prompt": "doomed", "seconds": 2}))
+            video_id = reply(ws)["video"]["id"]
+
+            def broken(job, standings=None):
+                raise RuntimeError("a bug in the video object")
+
+            services.video = broken  # the session's next look at its waiting video fails
+            with pytest.raises(WebSocketDisconnect) as closed:
+                while True:
+                    ws.receive_text()
+        assert closed.value.code == 1011
+
+        def cancelled() -> bool:
+            status = services.store.get(video_id).status
+            assert status.value == "cancelled", status
+            return True
+
+        eventually(cancelled, timeout=30, what=f"{video_id} to be cancelled once its socket closed")

@@ -9,8 +9,11 @@ The server sends `video.created`, `video.queued` (while it waits, each time its 
 changes: `position` and `estimated_start_at`),
 `video.progress`, then its stream as binary fMP4: the init segment once, and for each chunk a
 `chunk.done` text message followed by the chunk's fragment; last `video.completed`,
-`video.failed` or `video.cancelled` with the video, and it closes. Closing the socket cancels
-the video. A bad message gets an `error` message and the session goes on.
+`video.failed` or `video.cancelled` with the video, and it closes. Whatever ends the socket
+before the video ends (the client closing it, a message over the size limit, a failure in the
+server) cancels the video. A bad message (not JSON, JSON no reader could take, text that is not
+valid Unicode, a value `POST /v1/videos` would refuse, a prompt update past the cap) gets an
+`error` message and the session goes on.
 
 The session is an ordinary job throughout: retrievable, downloadable and streamable over HLS
 like any other, each chunk's prompt in `chunks[i].prompt`.
@@ -20,25 +23,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+import logging
+from typing import Any, Awaitable
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.concurrency import run_in_threadpool
+from starlette.websockets import WebSocketDisconnected
 
 from vidserve import jobs
 from vidserve.errors import InvalidRequest, VidserveError
-from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus
+from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, PromptUpdatesUsedUp
 from vidserve.jobs.outages import STORE_UNAVAILABLE
 from vidserve.keys import Caller
 
 from ..auth import identify, rate_refusal, spend
-from ..forms import reference_bytes, validate
+from ..forms import reference_bytes, require_unicode, validate
 from ..errors import APIError
 from ..schemas import VideoCreate
 from ..services import Services
 from ..submission import submit_video
 
 router = APIRouter(tags=["realtime"])
+log = logging.getLogger("vidserve.api")
 
 POLL_SECONDS = 0.2
 # Browsers cannot set an Authorization header on a WebSocket: they may send the key as a
@@ -48,6 +54,7 @@ KEY_PROTOCOL = "vidserve.key."
 PROTOCOL = "vidserve"
 MESSAGE_TOO_BIG = 1009
 POLICY_VIOLATION = 1008
+INTERNAL_ERROR = 1011
 
 
 @router.websocket("/v1/realtime/video")
@@ -74,6 +81,11 @@ class SessionClosed(Exception):
     """The client went away, or sent what closes the session."""
 
 
+# What sending on a socket the client has left raises: starlette's WebSocketDisconnect (the
+# server's send failed) or WebSocketDisconnected (a RuntimeError: the socket is already closed).
+GONE = (WebSocketDisconnect, WebSocketDisconnected)
+
+
 class Session:
     def __init__(self, ws: WebSocket, svc: Services, caller: Caller):
         self.ws, self.svc, self.caller = ws, svc, caller
@@ -82,6 +94,7 @@ class Session:
 
     async def run(self) -> None:
         pusher: asyncio.Task | None = None
+        video_ended = False
         try:
             while True:
                 receive = asyncio.ensure_future(self._receive())
@@ -90,23 +103,31 @@ class Session:
                 if pusher is not None and pusher in done:
                     receive.cancel()
                     pusher.result()  # the video ended and was announced (or the push failed: raise)
-                    await self.ws.close()
+                    video_ended = True
+                    await self._close()
                     return
                 message = receive.result()
                 if message is not None:
                     await self._handle(message)
                 if pusher is None and self.video_id is not None:
                     pusher = asyncio.ensure_future(self._push(self.video_id))
-        except (SessionClosed, WebSocketDisconnect):
-            if self.video_id is not None:
-                await run_in_threadpool(self._cancel)
+        except (SessionClosed, *GONE):
+            pass
+        except Exception:  # a bug: logged with its traceback, and the socket closed properly
+            log.exception("realtime session %s failed", self.video_id)
+            await self._close(INTERNAL_ERROR, "internal server error")
         finally:
             if pusher is not None:
                 pusher.cancel()
+            if self.video_id is not None and not video_ended:  # whatever ended the socket, the video ends too
+                await run_in_threadpool(self._cancel)
 
     async def _receive(self) -> dict[str, Any] | None:
         """The next JSON message (None after answering a bad one with an error)."""
-        event = await self.ws.receive()
+        try:
+            event = await self.ws.receive()
+        except WebSocketDisconnected:
+            raise SessionClosed() from None
         if event["type"] == "websocket.disconnect":
             raise SessionClosed()
         if event.get("text") is None:
@@ -114,15 +135,27 @@ class Session:
             return None
         text = event["text"]
         if len(text.encode()) > self.limit:
-            await self.ws.close(MESSAGE_TOO_BIG, f"a message may hold at most {self.limit} bytes")
+            await self._close(MESSAGE_TOO_BIG, f"a message may hold at most {self.limit} bytes")
             raise SessionClosed()
         try:
             message = json.loads(text)
+        except RecursionError:
+            await self._error("json_too_deep", "the message nests lists and objects too deep to read")
+            return None
         except json.JSONDecodeError as exc:
             await self._error("invalid_json", f"the message is not JSON: {exc}")
             return None
+        except ValueError:  # json reads integers of at most 4300 digits (sys.get_int_max_str_digits)
+            await self._error("invalid_json", "the message holds a number too long to read; send numbers of at "
+                                              "most 4300 digits")
+            return None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             await self._error("invalid_message", 'a message is a JSON object with a "type"')
+            return None
+        try:
+            require_unicode(message, "the message")
+        except APIError as exc:
+            await self._error(exc.code, exc.message, exc.param)
             return None
         return message
 
@@ -141,12 +174,19 @@ class Session:
             else:
                 raise InvalidRequest(f"unknown message type {kind[:64]!r}; send session.create, prompt.update or "
                                      "session.stop", param="type", code="unknown_type")
+        except (SessionClosed, *GONE):
+            raise
         except APIError as exc:
             await self._error(exc.code or "invalid_request", exc.message, exc.param)
         except VidserveError as exc:  # a bad value, or the storage out of reach
             await self._error(exc.code, exc.message, getattr(exc, "param", None))
         except STORE_UNAVAILABLE:
             await self._error("store_unavailable", "the job store is unavailable; retry shortly")
+        except JobNotFound:
+            await self._error("not_found", f"video {self.video_id} was deleted", "video_id")
+        except Exception:  # a bug, answered as HTTP answers one (a 500), and the session goes on
+            log.exception("realtime session %s: %s message failed", self.video_id, kind[:64])
+            await self._error("internal_error", "internal server error")
 
     async def _create(self, fields: dict[str, Any]) -> None:
         if self.video_id is not None:
@@ -178,8 +218,11 @@ class Session:
         limit = self.svc.settings.max_prompt_chars
         if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > limit:
             raise InvalidRequest(f"prompt must be a non-empty string of at most {limit} characters", param="prompt")
+        update = jobs.update_prompt(prompt, self.svc.settings.realtime_max_prompt_updates)
         try:
-            job = await run_in_threadpool(self.svc.store.update, self.video_id, jobs.update_prompt(prompt))
+            job = await run_in_threadpool(self.svc.store.update, self.video_id, update)
+        except PromptUpdatesUsedUp as exc:
+            raise InvalidRequest(str(exc), param="prompt", code="too_many_prompt_updates") from None
         except InvalidTransition as exc:
             raise InvalidRequest(str(exc), param="prompt", code="session_stopped") from None
         await self._send({"type": "prompt.updated", "from_chunk": job.prompt_updates[-1]["from_chunk"]})
@@ -214,24 +257,42 @@ class Session:
             if segment["name"] in sent or segment["name"] not in frames:
                 continue
             if not sent:
-                await self.ws.send_bytes(await run_in_threadpool(self.svc.storage.read_bytes, job.stream_init_key))
+                await self._send_bytes(await run_in_threadpool(self.svc.storage.read_bytes, job.stream_init_key))
             sent.add(segment["name"])
             await self._send({"type": "chunk.done", "index": int(segment["name"].removesuffix(".m4s")),
                               "frames": frames[segment["name"]]})
-            await self.ws.send_bytes(await run_in_threadpool(self.svc.storage.read_bytes, segment["key"]))
+            await self._send_bytes(await run_in_threadpool(self.svc.storage.read_bytes, segment["key"]))
 
     def _cancel(self) -> None:
         try:
             self.svc.store.update(self.video_id, jobs.request_cancel)
         except JobNotFound:
             pass
+        except STORE_UNAVAILABLE as exc:  # the socket is gone either way; the video runs to its end
+            log.warning("realtime session %s ended, but its video could not be cancelled: %s", self.video_id, exc)
 
     async def _video(self, job: Job) -> dict[str, Any]:
         return (await run_in_threadpool(self.svc.video, job)).model_dump(mode="json")
 
     async def _send(self, message: dict[str, Any]) -> None:
-        await self.ws.send_text(json.dumps(message))
+        await _unless_gone(self.ws.send_text(json.dumps(message)))
+
+    async def _send_bytes(self, data: bytes) -> None:
+        await _unless_gone(self.ws.send_bytes(data))
+
+    async def _close(self, code: int = 1000, reason: str | None = None) -> None:
+        try:
+            await self.ws.close(code, reason)
+        except GONE:
+            pass  # the client left first
 
     async def _error(self, code: str, message: str, param: str | None = None) -> None:
         await self._send({"type": "error", "code": code, "message": message, "param": param})
 
+
+async def _unless_gone(sending: Awaitable[None]) -> None:
+    """Send, or end the session quietly when the client has left: that is no error."""
+    try:
+        await sending
+    except GONE:
+        raise SessionClosed() from None
