@@ -4,7 +4,9 @@ A clip longer than the model's chunk is a chain (see `vidserve.media.drift.chain
 from the prompt (or the input image), chunk k+1 from the last frame of chunk k on the
 model's image-to-video continuation, each measured for drift against chunk 1 and, with
 `drift_correction="color"`, corrected to it. Progress counts steps across all chunks, and
-each chunk is handed to `on_chunk` as soon as it is done, so it can be stored and streamed.
+each chunk is handed to `on_chunk` as soon as it is done, so it can be stored and streamed,
+with the `ChainState` the chunks after it need: a `Resume` from it goes on where the chain
+stopped, so a job whose worker was lost makes only the chunks it had not finished.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageOps
 
-from vidserve.media.drift import Anchor, DriftMetrics, chain
+from vidserve.media.drift import Anchor, ChainState, DriftMetrics, chain
 from vidserve.loras import LoraRegistry
 from vidserve.options import LoadOptions
 from vidserve.registry import resolve_local
@@ -25,11 +27,20 @@ from vidserve.requests import GenerationRequest
 from .loras import LoraEvent
 from .video import StepCallback, VideoPipeline, get_pipeline
 
-ChunkCallback = Callable[[int, np.ndarray, DriftMetrics, str], None]  # (index, frames, drift, prompt)
+# (index, frames, drift, prompt, the chain's state after it): called as each chunk is done.
+ChunkCallback = Callable[[int, np.ndarray, DriftMetrics, str, ChainState], None]
 # Called as each chunk begins: its prompt where a steered one replaces the request's (None: the
 # request's); raises drift.StopChain to end the video before it.
 ChunkStart = Callable[[int], str | None]
 Captioner = Callable[[Image.Image, int], str]  # (frame, seed) -> caption
+
+
+@dataclass(eq=False)  # eq=False: == on the ndarray field would not give a bool
+class Resume:
+    """A chain stopped after its chunk `state.next_chunk - 1`, to go on from there."""
+
+    state: ChainState
+    frames: np.ndarray  # uint8 [frames, height, width, 3]: the video's frames so far, as stored
 
 
 @dataclass
@@ -46,7 +57,7 @@ class VideoResult:
     fps: int
     seed: int
     timings: dict[str, float] = field(default_factory=dict)  # seconds, summed over chunks
-    chunks: list[ChunkReport] = field(default_factory=list)
+    chunks: list[ChunkReport] = field(default_factory=list)  # the chunks this call made (a resume's are not)
     loras: list[LoraEvent] = field(default_factory=list)  # each chunk's adapters, loaded or cached
     attention: str = "dense"  # "sparse" if any chunk's self-attention ran sparse
 
@@ -95,9 +106,11 @@ class _ChunkGenerator:
 def generate_video(request: GenerationRequest, device: str = "auto", dtype: str = "auto",
                    on_step: StepCallback | None = None, on_chunk: ChunkCallback | None = None,
                    caption: Captioner | None = None, load: LoadOptions = LoadOptions(),
-                   adapters: LoraRegistry | None = None, on_chunk_start: ChunkStart | None = None) -> VideoResult:
+                   adapters: LoraRegistry | None = None, on_chunk_start: ChunkStart | None = None,
+                   resume: Resume | None = None) -> VideoResult:
     """`caption` (the LLM path) is required when the request asks for `caption_chain`;
-    `adapters`, the registered LoRAs, when it names `loras`; `on_chunk_start` steers a session."""
+    `adapters`, the registered LoRAs, when it names `loras`; `on_chunk_start` steers a session;
+    `resume` goes on from a chain stopped part way (the result's frames are the whole video)."""
     if request.caption_chain and caption is None:
         raise RuntimeError("caption_chain needs a chat model to caption frames, and none is configured")
     spec = resolve_local(request.model)  # the API resolved it already, or the CLI's operator named it
@@ -116,14 +129,18 @@ def generate_video(request: GenerationRequest, device: str = "auto", dtype: str 
         # continues from. (Not against an input image: chunk 1 may rightly move away from it.)
         anchor = Anchor.from_frames(condition[None]) if request.continuing else None
     reports: list[ChunkReport] = []
+    states: list[ChainState] = []  # chain() gives the state after a chunk just before the chunk
 
     def chunk_done(index: int, frames: np.ndarray, metrics: DriftMetrics) -> None:
         prompt = generator.prompts[index]
         reports.append(ChunkReport(index, len(frames), metrics.to_dict(), prompt))
         if on_chunk is not None:
-            on_chunk(index, frames, metrics, prompt)
+            on_chunk(index, frames, metrics, prompt, states[-1])
 
     frames, _ = chain(generator, request.chunk_frames, request.drift_correction, request.seed,
-                      condition=condition, anchor=anchor, continuing=request.continuing, on_chunk=chunk_done)
+                      condition=condition, anchor=anchor, continuing=request.continuing, on_chunk=chunk_done,
+                      on_state=states.append, resume=resume.state if resume is not None else None)
+    if resume is not None:
+        frames = np.concatenate([resume.frames, frames])
     return VideoResult(frames=frames, fps=request.fps, seed=request.seed, timings=generator.timings, chunks=reports,
                        loras=generator.lora_events, attention=generator.attention)

@@ -1,5 +1,6 @@
 """No job lost, none stuck: kill -9 of workers and servers, restarts, bounded attempts,
-and ten jobs over two Celery workers each run exactly once."""
+a rerun that goes on from the chunks made, and ten jobs over two Celery workers each run
+exactly once."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import socket
 import httpx
 import pytest
 from conftest import FAST_LEASE
+from prometheus_client.parser import text_string_to_metric_families
 from polling import eventually
 from servers import Server, Worker
 
 from vidserve.jobs.store_redis import RedisJobStore
+from vidserve.jobs.store_sqlite import SQLiteJobStore
 
 TINY = {"model": "wan-tiny", "size": "64x64", "num_frames": 33, "num_inference_steps": 4}
 # Long enough to be killed mid-run: ~100 steps of a few tens of ms.
 LONG = {"model": "wan-tiny", "size": "128x128", "num_frames": 81, "num_inference_steps": 100}
+# Four chunks (33 + 3 x 32 frames), each long enough to be killed between two.
+CHAINED = {"model": "wan-tiny", "size": "64x64", "num_frames": 129, "num_inference_steps": 20}
 # A bound on a broken test, not a claim about speed: these run a LONG job, or ten, start to end,
 # and a machine busy with other work stretches that.
 JOBS_TIMEOUT = 300
@@ -124,6 +129,45 @@ def test_embedded_server_killed_mid_job_recovers_it_on_restart(tmp_path):
                           what="the queued job")
     finally:
         server.stop()
+
+
+def test_a_job_rerun_after_a_kill_goes_on_from_its_last_chunk_and_its_stream_never_shrinks(tmp_path):
+    data = tmp_path / "data"
+    server = Server(data, env=FAST_LEASE).start()
+    try:
+        video_id = submit(server.url, **CHAINED)
+        listed = []  # the segment count of every playlist read, across the kill
+
+        def segments_listed() -> int:
+            # Held while the video has no segment yet (at most VIDSERVE_STREAM_HOLD_SECONDS, 30 s).
+            playlist = httpx.get(f"{server.url}/v1/videos/{video_id}/stream.m3u8", timeout=60)
+            assert playlist.status_code == 200, playlist.text
+            listed.append(playlist.text.count("#EXTINF"))
+            return listed[-1]
+
+        eventually(lambda: segments_listed() >= 2, timeout=JOBS_TIMEOUT, what="two chunks in the stream")
+        server.kill()
+        store = SQLiteJobStore(data / "jobs.sqlite")
+        made = len(store.get(video_id).chunks)
+        store.close()
+        assert 2 <= made < 4, f"the kill came after {made} of the 4 chunks"
+
+        server = Server(data, env=FAST_LEASE).start()
+        eventually(lambda: segments_listed() and video(server.url, video_id)["status"] in ("completed", "failed"),
+                   timeout=JOBS_TIMEOUT, what="the rerun to end")
+        final = video(server.url, video_id)
+        assert (final["status"], final["attempts"]) == ("completed", 2)
+        assert segments_listed() == 4 and listed == sorted(listed), f"segments listed: {listed}"
+        # The new process made only the chunks the first had not recorded: 20 steps each.
+        assert denoise_steps(server.url) == 20 * (4 - made)
+    finally:
+        server.stop()
+
+
+def denoise_steps(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    return next(sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
+                if sample.name == "vidserve_denoise_step_seconds_count" and sample.labels == {"model": "wan-tiny"})
 
 
 def test_a_job_that_keeps_killing_its_worker_fails_instead_of_looping(tmp_path):

@@ -6,6 +6,12 @@ The same runner serves the embedded queue and Celery workers. It claims a job th
 an atomic JobStore transition, so a job delivered twice still runs once, and it keeps a
 lease alive while it works, so a job whose worker dies is noticed and run again.
 
+A job run again after its worker was lost goes on from its last finished chunk: each chunk's
+files and the state the next chunk needs (`ChainState`) are stored before the chunk is recorded,
+so the rerun keeps the recorded chunks and their segments (its stream only grows) and makes only
+the rest. Where that state cannot be read back, it goes on from the newest chunk whose state
+can, or from the start, making the chunks after it again in their places.
+
 An outage never counts against a job: every job store write and storage call is retried
 for up to a lease (vidserve/jobs/outages.py). Past that, a storage outage gives the job back
 (`jobs.release`) to run again, and a job store outage leaves it, untouched, to the lease
@@ -22,14 +28,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 from PIL import Image
 
 from vidserve import jobs
 from vidserve.config import Settings
-from vidserve.media.drift import DriftMetrics, StopChain
+from vidserve.media.drift import ChainState, DriftMetrics, StopChain
 from vidserve.media.hls import INIT_NAME, Segment, Timeline, encode_segment, join_segments
 from vidserve.media.renderer import Provenance, Renderer
 from vidserve.errors import JobCancelled, VidserveError
@@ -47,6 +53,9 @@ from vidserve.telemetry import ANONYMOUS_LABEL, Metrics
 from vidserve.webhooks import WebhookSender, announce, announce_chunk
 
 from .prompt_writer import PromptWriter
+
+if TYPE_CHECKING:
+    from vidserve.pipelines.chain import Resume
 
 log = logging.getLogger("vidserve.runner")
 
@@ -108,8 +117,9 @@ class JobRunner:
         try:
             source = read_video_bytes(self._read(job.source_video_key))[0] if job.source_video_key else None
             request = self.request_for(job, source)
-            timeline = Timeline()  # the video's segments as they are made: its stream, then its MP4
-            if source is not None:  # the stream opens on the video it continues
+            # The video's segments as they are made (a rerun's, from those it keeps): its stream, then its MP4.
+            resume, timeline = self._resume(job, len(request.chunk_frames))
+            if source is not None and resume is None:  # the stream opens on the video it continues
                 segment = encode_segment(source, request.fps)
                 record, init_key = self._put_segment(job, "source", segment, timeline)
                 self._write(job.id, jobs.segment_done(self.worker_id, record, init_key))
@@ -123,7 +133,7 @@ class JobRunner:
             result = generate_video(request, self.settings.device, self.settings.dtype, on_step=self._on_step(job),
                                     on_chunk=self._on_chunk(job, request.fps, one_chunk, timeline),
                                     caption=caption, load=self.settings.load, adapters=self.adapters,
-                                    on_chunk_start=self._on_chunk_start(job))
+                                    on_chunk_start=self._on_chunk_start(job), resume=resume)
             self._count_loras(job, result.loras)
             # An extension's video is the source followed by the new frames.
             frames = result.frames if source is None else np.concatenate([source, result.frames])
@@ -136,6 +146,7 @@ class JobRunner:
             done = self._write(job.id, jobs.complete(self.worker_id, {**outputs, **renditions}, timings, warnings,
                                                      output_ttl=self.settings.output_ttl, attention=result.attention,
                                                      output_bytes=sizes))
+            self._forget_chain_states(job.id)
             self._report_warnings(done)
             return done
         except (JobCancelled, JobNotFound, LeaseLost) as exc:  # cancelled, deleted, or now another worker's
@@ -234,13 +245,19 @@ class JobRunner:
 
     def _on_chunk(self, job: Job, fps: int, whole_video: bool, timeline: Timeline):
         """Each chunk, stored as it finishes, as an MP4 of its own (under the video's key when it
-        is the `whole_video`) and as the stream's next segment: one encode for both."""
-        def on_chunk(index: int, frames: np.ndarray, drift: DriftMetrics, prompt: str) -> None:
+        is the `whole_video`) and as the stream's next segment: one encode for both. The chain's
+        `state` after it is stored too, before the chunk is recorded, for a rerun to go on from."""
+        def on_chunk(index: int, frames: np.ndarray, drift: DriftMetrics, prompt: str,
+                     state: ChainState | None = None) -> None:
             segment = encode_segment(frames, fps)
             name = "video.mp4" if whole_video else f"chunk-{index}.mp4"
             with tempfile.TemporaryDirectory(prefix=f"{job.id}-") as tmp:
                 key = self._put(f"{job.id}/{name}", join_segments(segment.init, [segment.media], Path(tmp) / name))
             record, init_key = self._put_segment(job, str(index), segment, timeline)
+            if state is not None:
+                state_key = _chain_state_key(job.id, index)
+                self._through_outages(lambda: self.storage.put_bytes(state_key, state.to_bytes()),
+                                      f"storing {state_key}")
             chunk = {"index": index, "frames": len(frames), "key": key, "drift": drift.to_dict(), "prompt": prompt}
             # Checked as it is made, so a blank or frozen chunk is flagged while the video goes on.
             warnings = chunk_warnings(frames, index)
@@ -248,6 +265,71 @@ class JobRunner:
             announce_chunk(self.webhooks, self.settings, current, index)
 
         return on_chunk
+
+    def _resume(self, job: Job, chunks_planned: int) -> tuple[Resume | None, Timeline]:
+        """Where this run goes on (None: from the start) and the timeline of the segments it keeps:
+        after the newest recorded chunk whose state, and the files of every chunk up to it, read
+        back (a chunk is recorded only once they are stored, so nearly always the last one)."""
+        chunks = {chunk["index"]: chunk for chunk in job.chunks}
+        segments = {segment["name"]: segment for segment in job.segments}
+        if job.source_video_key is not None and "source.m4s" not in segments:
+            return None, Timeline()
+        recorded = 0  # chunks 0 .. recorded - 1 are all recorded, each with its segment
+        while recorded < chunks_planned and recorded in chunks and f"{recorded}.m4s" in segments:
+            recorded += 1
+        for next_chunk in range(recorded, 0, -1):
+            try:
+                resume, timeline = self._resume_at(job, next_chunk, chunks, segments)
+            except (FileNotFoundError, ValueError) as exc:
+                log.warning("job %s: cannot go on after chunk %d (%s)", job.id, next_chunk - 1, exc)
+                continue
+            log.info("job %s, attempt %d: goes on from chunk %d of %d, keeping the %d made", job.id, job.attempts,
+                     next_chunk, chunks_planned, next_chunk)
+            return resume, timeline
+        if recorded:
+            log.warning("job %s, attempt %d: starts over, making its %d recorded chunks again in their places",
+                        job.id, job.attempts, recorded)
+        return None, Timeline()
+
+    def _resume_at(self, job: Job, next_chunk: int, chunks: dict[int, dict], segments: dict[str, dict]
+                   ) -> tuple[Resume, Timeline]:
+        """A resume from chunk `next_chunk`, read back from storage: FileNotFoundError or
+        ValueError where something it needs is missing or unreadable."""
+        from vidserve.pipelines.chain import Resume  # torch stays out of processes that never run jobs
+
+        state = ChainState.from_bytes(self._read(_chain_state_key(job.id, next_chunk - 1)))
+        if state.next_chunk != next_chunk:
+            raise ValueError(f"the state stored after chunk {next_chunk - 1} goes on from chunk {state.next_chunk}")
+        if job.stream_init_key is None:
+            raise ValueError("no init segment is recorded")
+        timeline = Timeline()
+        init = self._read(job.stream_init_key)
+        kept = (["source.m4s"] if job.source_video_key is not None else []) + [f"{i}.m4s" for i in range(next_chunk)]
+        for name in kept:
+            timeline.add_placed(init, self._read(segments[name]["key"]), segments[name]["frames"])
+        # The frames made so far, for the outputs made from the whole video (thumbnail, renditions):
+        # decoded from the chunks' MP4s, the frames the stream plays.
+        made = []
+        for index in range(next_chunk):
+            data = self._read(chunks[index]["key"])
+            try:
+                frames = read_video_bytes(data)[0]
+            except Exception as exc:  # whatever ffmpeg makes of a damaged file
+                raise ValueError(f"chunk {index}'s MP4 does not decode: {type(exc).__name__}: {exc}") from exc
+            if len(frames) != chunks[index]["frames"] or frames.shape[1:] != state.condition.shape:
+                raise ValueError(f"chunk {index}'s MP4 holds {frames.shape}, not {chunks[index]['frames']} frames "
+                                 f"of {state.condition.shape}")
+            made.append(frames)
+        return Resume(state, np.concatenate(made)), timeline
+
+    def _forget_chain_states(self, job_id: str) -> None:
+        """A completed job is never run again: its chain states go (a failure here leaves them to
+        the job's deletion)."""
+        try:
+            self._through_outages(lambda: self.storage.delete_prefix(f"{job_id}/{CHAIN_STATES}/"),
+                                  f"deleting {job_id}/{CHAIN_STATES}/")
+        except StorageUnavailable as exc:
+            log.warning("job %s: its chain states stay until it is deleted: %s", job_id, exc)
 
     def _put_segment(self, job: Job, name: str, segment: Segment, timeline: Timeline) -> tuple[dict, str]:
         """Store `segment` as the stream's next, `name` (and the init segment with the first):
@@ -358,6 +440,14 @@ class JobRunner:
 
         threading.Thread(target=beat, name=f"lease-{job_id}", daemon=True).start()
         return stop
+
+
+CHAIN_STATES = "chain"  # the folder of a job's chain states, one per chunk made
+
+
+def _chain_state_key(job_id: str, index: int) -> str:
+    """Where the chain's state after chunk `index` is stored."""
+    return f"{job_id}/{CHAIN_STATES}/{index}.npz"
 
 
 def _failure_code(exc: Exception) -> str:

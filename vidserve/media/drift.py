@@ -10,6 +10,7 @@ Frames are uint8 numpy arrays [N, H, W, 3] RGB. numpy only (no torch): the API p
 
 from __future__ import annotations
 
+import io
 from dataclasses import asdict, dataclass
 from typing import Callable, Protocol
 
@@ -122,6 +123,43 @@ def match_colors(frames: np.ndarray, anchor: Anchor | ColorStats) -> np.ndarray:
     return np.clip(out.round(), 0, 255).astype(np.uint8)
 
 
+@dataclass(frozen=True, eq=False)  # eq=False: == on the ndarray fields would not give a bool
+class ChainState:
+    """Where a chain stands once a chunk is done: everything the chunks after it need from the
+    ones before, so that a chain stopped there (its worker lost) goes on from it and makes what
+    it would have made. The seed is not kept: chunk k's is the chain's seed + k."""
+
+    next_chunk: int  # the index of the chunk to make next
+    condition: np.ndarray  # [H, W, 3] uint8: the last frame made, which opens the next chunk
+    anchor: Anchor  # what every chunk is measured against and corrected to
+
+    def to_bytes(self) -> bytes:
+        """An .npz (no pickles): the frame and the anchor's numbers, bit for bit."""
+        out = io.BytesIO()
+        color = self.anchor.color
+        np.savez_compressed(out, next_chunk=np.int64(self.next_chunk), condition=self.condition,
+                            mean=np.array(color.mean), std=np.array(color.std), luma=np.float64(color.luma),
+                            histogram=self.anchor.histogram, sharpness=np.float64(self.anchor.sharpness))
+        return out.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ChainState:
+        """ValueError for anything but what `to_bytes` wrote."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as saved:
+                condition = saved["condition"]
+                if condition.dtype != np.uint8 or condition.ndim != 3 or condition.shape[2] != 3:
+                    raise ValueError(f"a condition frame of {condition.dtype} {condition.shape}")
+                color = ColorStats(mean=tuple(float(v) for v in saved["mean"]),
+                                   std=tuple(float(v) for v in saved["std"]), luma=float(saved["luma"]))
+                anchor = Anchor(color, saved["histogram"], float(saved["sharpness"]))
+                return cls(int(saved["next_chunk"]), condition, anchor)
+        except ValueError:
+            raise
+        except Exception as exc:  # a truncated or foreign file: zipfile, OSError, a missing array
+            raise ValueError(f"not a saved chain state: {type(exc).__name__}: {exc}") from exc
+
+
 class VideoGenerator(Protocol):
     """An image-to-video model as chain() drives it: `num_frames` uint8 frames [N, H, W, 3] that open
     on `condition` when one is given, or a first chunk made from the seed when it is None."""
@@ -130,6 +168,10 @@ class VideoGenerator(Protocol):
 
 
 CORRECTIONS = ("color", "none")
+# The fewest frames a chunk makes: its first is the frame it opens on (the condition, or the
+# frame a first chunk starts from), so it needs one more. Requests are held to it before a job
+# exists (`vidserve.requests.MIN_FRAMES`).
+MIN_CHUNK_FRAMES = 2
 
 
 class StopChain(Exception):
@@ -139,6 +181,7 @@ class StopChain(Exception):
 def chain(generator: VideoGenerator, plan: list[int], correction: str = "color", seed: int = 0, *,
           condition: np.ndarray | None = None, anchor: Anchor | None = None, continuing: bool = False,
           on_chunk: Callable[[int, np.ndarray, DriftMetrics], None] | None = None,
+          on_state: Callable[[ChainState], None] | None = None, resume: ChainState | None = None,
           ) -> tuple[np.ndarray, list[DriftMetrics]]:
     """Chain chunks into one video; returns the frames and each chunk's drift metrics.
 
@@ -152,19 +195,30 @@ def chain(generator: VideoGenerator, plan: list[int], correction: str = "color",
     and so is each new chunk (to remove the drift the model added on top). `on_chunk` sees
     each chunk as soon as it is done, so it can be stored and streamed. A generator that raises
     `StopChain` for a chunk after the first ends the video with the chunks made.
+
+    `on_state` sees, just before `on_chunk`, the `ChainState` after each chunk. Given one as
+    `resume`, the chain goes on from it (its condition and anchor stand in for `condition` and
+    `anchor`) and returns only the chunks it makes then, with their metrics: the same frames the
+    whole chain would have made from there.
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
-    if not plan or min(plan) < 2:
-        raise ValueError("need at least 1 chunk of at least 2 frames (a chunk's first frame is its condition)")
+    if not plan or min(plan) < MIN_CHUNK_FRAMES:
+        raise ValueError(f"need at least 1 chunk of at least {MIN_CHUNK_FRAMES} frames (a chunk's first frame is "
+                         "its condition)")
+    first = 0
+    if resume is not None:
+        if not 0 < resume.next_chunk <= len(plan):
+            raise ValueError(f"cannot resume a chain of {len(plan)} chunks at chunk {resume.next_chunk}")
+        first, condition, anchor = resume.next_chunk, resume.condition, resume.anchor
     videos, metrics = [], []
-    for index, num_frames in enumerate(plan):
+    for index, num_frames in enumerate(plan[first:], first):
         if condition is not None and anchor is not None and correction == "color":
             condition = match_colors(condition[None], anchor)[0]
         try:
             frames = generator.generate(condition, num_frames, seed + index, index)
         except StopChain:
-            if not videos:
+            if index == 0:
                 raise
             break
         if index > 0 or continuing:
@@ -176,7 +230,11 @@ def chain(generator: VideoGenerator, plan: list[int], correction: str = "color",
         metric = measure(frames, anchor)
         videos.append(frames)
         metrics.append(metric)
+        condition = frames[-1]
+        if on_state is not None:
+            on_state(ChainState(index + 1, condition, anchor))
         if on_chunk is not None:
             on_chunk(index, frames, metric)
-        condition = frames[-1]
+    if not videos:  # resumed after its last chunk, or stopped at once
+        return np.empty((0, *condition.shape), np.uint8), metrics
     return np.concatenate(videos), metrics

@@ -81,6 +81,12 @@ class Timeline:
         self.frames += segment.frames
         return media
 
+    def add_placed(self, init: bytes, media: bytes, frames: int) -> None:
+        """A segment `add` placed before (read back from storage, as a rerun goes on from it)."""
+        self.init = self.init or init
+        self.media.append(media)
+        self.frames += frames
+
     def join(self, path: str | Path) -> Path:
         return join_segments(self.init, self.media, path)
 
