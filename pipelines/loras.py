@@ -10,7 +10,6 @@ so its frames are exactly the base model's, whatever ran before it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -18,10 +17,7 @@ from dataclasses import dataclass
 from diffusers import DiffusionPipeline
 
 from vidserve.errors import VidserveError
-from vidserve.loras import LoraRegistry, LoraRequest
-
-_caches: list["AdapterCache"] = []  # every pipeline's, for `loaded_names`
-_caches_lock = threading.Lock()
+from vidserve.loras import LOADED_ADAPTERS, LoraRegistry, LoraRequest
 
 
 class LoraLoadFailed(VidserveError):
@@ -49,8 +45,6 @@ class AdapterCache:
     def __init__(self, pipe: DiffusionPipeline, transformers: list):
         self.pipe, self.transformers = pipe, transformers
         self._loaded: OrderedDict[str, str] = OrderedDict()  # name -> the file it was loaded from
-        with _caches_lock:
-            _caches.append(self)
 
     @property
     def loaded(self) -> list[str]:
@@ -95,6 +89,7 @@ class AdapterCache:
             raise LoraLoadFailed(f"LoRA {name!r} ({adapter.path.name}) could not be loaded: "
                                  f"{type(exc).__name__}: {exc}") from exc
         self._loaded[name] = str(adapter.path)
+        LOADED_ADAPTERS.publish(self, self._loaded)
         return LoraEvent(name, cached=False, seconds=time.perf_counter() - start)
 
     def unload_all(self) -> None:
@@ -103,18 +98,15 @@ class AdapterCache:
             if getattr(transformer, "peft_config", None):
                 transformer.unload_lora()
         self._loaded.clear()
+        LOADED_ADAPTERS.publish(self, self._loaded)
 
     def _unload(self, name: str) -> None:
         self._forget(name)
         self._loaded.pop(name, None)
+        LOADED_ADAPTERS.publish(self, self._loaded)
 
     def _forget(self, name: str) -> None:
         for transformer in self.transformers:
             if name in getattr(transformer, "peft_config", {}):
                 transformer.delete_adapters(name)
 
-
-def loaded_names() -> set[str]:
-    """The adapters loaded on any pipeline of this process."""
-    with _caches_lock:
-        return {name for cache in _caches for name in cache.loaded}

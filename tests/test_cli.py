@@ -82,6 +82,7 @@ BAD_INPUTS = {
     "non-image file": lambda tmp: ["--model", "wan-tiny-i2v", "--image", non_image_file(tmp)],
     "size not a multiple of 16": lambda tmp: ["--size", "60x64"],
     "frames not 4k+1": lambda tmp: ["--frames", "30"],
+    "fewer frames than a chunk makes": lambda tmp: ["--frames", "1"],
     "zero steps": lambda tmp: ["--steps", "0"],
     "negative seconds": lambda tmp: ["--seconds", "-1"],
     "too many seconds": lambda tmp: ["--seconds", "100000"],

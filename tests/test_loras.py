@@ -16,9 +16,8 @@ from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
 from vidserve.jobs import Job, JobStatus
 from vidserve.jobs.store_sqlite import SQLiteJobStore
-from vidserve.loras import LoraRegistry, read_adapter
+from vidserve.loras import LOADED_ADAPTERS, LoraRegistry, read_adapter
 from vidserve.params import JobParams
-from vidserve.pipelines.loras import loaded_names
 from vidserve.pipelines.video import VideoPipeline
 from vidserve.registry import MODELS, spec_from_folder
 from vidserve.options import GenerationOptions
@@ -143,7 +142,7 @@ def test_the_api_lists_adapters_and_records_a_requests(api):
     assert listed["style"]["size_bytes"] > 0 and listed["style"]["base_models"] == []
     # This process runs the embedded queue's jobs, so it knows what is loaded: what earlier tests
     # here loaded, and never the adapter nothing used.
-    assert listed["style"]["loaded"] == ("style" in loaded_names()) and listed["unused"]["loaded"] is False
+    assert listed["style"]["loaded"] == ("style" in LOADED_ADAPTERS.names()) and listed["unused"]["loaded"] is False
     video = client.post("/v1/videos", json={**BODY, "loras": [{"name": "style", "scale": 0.8}]}).json()
     assert video["loras"] == [{"name": "style", "scale": 0.8, "target": "both"}]
     form = client.post("/v1/videos", data={**BODY, "loras": '[{"name": "other"}]'}).json()

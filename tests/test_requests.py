@@ -1,12 +1,14 @@
 """The request rules shared by the CLI and the API: frames, sizes, limits, defaults."""
 
 import pytest
+from apps import app_client, idle_services
 
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest, UnknownModel
+from vidserve.media.drift import MIN_CHUNK_FRAMES
 from vidserve.registry import MODELS, resolve
 from vidserve.options import GenerationOptions
-from vidserve.requests import build_request, frames_for_seconds, parse_size
+from vidserve.requests import MIN_FRAMES, build_request, frames_for_seconds, parse_size
 
 SETTINGS = Settings()
 TINY = MODELS["wan-tiny"]
@@ -40,6 +42,7 @@ def test_seconds_and_size_resolve():
         (dict(size="4096x64"), "size"),
         (dict(num_frames=30), "num_frames"),
         (dict(num_frames=0), "num_frames"),
+        (dict(num_frames=1), "num_frames"),
         (dict(seconds=-1), "seconds"),
         (dict(seconds=0), "seconds"),
         (dict(seconds=10_000), "seconds"),
@@ -103,3 +106,47 @@ def test_unknown_model_lists_known_ones():
     with pytest.raises(UnknownModel) as err:
         resolve("no-such-model")
     assert "wan-tiny" in str(err.value) and err.value.code == "model_not_found"
+
+
+def test_fewer_frames_than_a_chunk_makes_are_refused_naming_the_minimum():
+    with pytest.raises(InvalidRequest, match=f"at least {MIN_FRAMES}") as err:
+        build_request(TINY, SETTINGS, "a fox", num_frames=1)
+    assert err.value.param == "num_frames"
+    assert build_request(TINY, SETTINGS, "a fox", num_frames=MIN_FRAMES).chunk_frames == (MIN_FRAMES,)
+    with pytest.raises(InvalidRequest, match=f"at least {MIN_FRAMES - 1}") as err:  # an extension opens on a frame
+        build_request(TINY, SETTINGS, "a fox", num_frames=0, image=object(), continuing=True)
+    assert err.value.param == "num_frames"
+    extension = build_request(TINY, SETTINGS, "a fox", num_frames=MIN_FRAMES - 1, image=object(), continuing=True)
+    assert extension.chunk_frames == (MIN_FRAMES,)
+
+
+def accepted(spec, **length) -> tuple[int, ...] | None:
+    """The chunk plan of a request for `spec` of this length, or None where it is refused."""
+    image = object() if spec.accepts_image or length.get("continuing") else None
+    try:
+        return build_request(spec, SETTINGS, "a fox", image=image, **length).chunk_frames
+    except InvalidRequest:
+        return None
+
+
+@pytest.mark.parametrize("spec", sorted({spec.frames_per_chunk: spec for spec in MODELS.values()}.values(),
+                                        key=lambda spec: spec.frames_per_chunk), ids=lambda spec: spec.name)
+def test_every_length_accepted_is_one_the_chain_can_make(spec):
+    """What build_request lets through, the worker's chain (drift.chain) runs: every chunk of
+    every frame count, length in seconds and extension it accepts makes at least MIN_CHUNK_FRAMES."""
+    lengths = [dict(num_frames=n) for n in range(SETTINGS.max_frames + 2)]
+    lengths += [dict(seconds=tenths / 10) for tenths in range(1, int(SETTINGS.max_seconds * 10) + 1)]
+    lengths += [dict(num_frames=n, continuing=True) for n in range(SETTINGS.max_frames + 2)]
+    lengths += [dict(seconds=tenths / 10, continuing=True) for tenths in range(1, int(SETTINGS.max_seconds * 10) + 1)]
+    plans = {str(length): accepted(spec, **length) for length in lengths}
+    too_short = {length: plan for length, plan in plans.items() if plan is not None and min(plan) < MIN_CHUNK_FRAMES}
+    assert not too_short
+    assert plans[str(dict(num_frames=MIN_FRAMES))] is not None  # the minimum itself is accepted
+
+
+def test_the_api_refuses_one_frame_with_a_400_naming_the_minimum(tmp_path):
+    with app_client(tmp_path, idle_services(tmp_path)) as (client, _):
+        answer = client.post("/v1/videos", json={"model": "wan-tiny", "prompt": "a fox", "num_frames": 1})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "num_frames" and f"at least {MIN_FRAMES}" in error["message"], error

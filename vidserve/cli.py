@@ -396,6 +396,8 @@ def _add_load_flags(parser: argparse.ArgumentParser, settings: Settings) -> None
 
 def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     """The command line; `settings` (the environment's) supply the defaults its help shows."""
+    from vidserve.requests import MIN_FRAMES
+
     s = settings or get_settings()
     parser = _Parser(prog=PROG, description="Video/diffusion inference server for open Wan models.")
     parser.add_argument("--version", action="version", version=f"{PROG} {version('vidserve')}")
@@ -411,7 +413,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     length = gen.add_mutually_exclusive_group()
     length.add_argument("--seconds", type=float,
                         help="clip length; frames = 4*ceil(seconds*fps/4)+1 (default: one chunk of the model)")
-    length.add_argument("--frames", type=int, help="exact frame count, 4k+1 (instead of --seconds)")
+    length.add_argument("--frames", type=int,
+                        help=f"exact frame count, 4k+1 of at least {MIN_FRAMES} (instead of --seconds)")
     gen.add_argument("--fps", type=int, help="frames per second (default: the model's)")
     _add_option_flags(gen)
     gen.add_argument("--chunk-prompt", action="append",

@@ -11,6 +11,10 @@ rank, a description, a recommended preset. Pure data, no torch: the API validate
 The adapters a preset applies that are published on the Hugging Face Hub (`PUBLIC_ADAPTERS`)
 register under the preset's name for them when their file, under its published name, is in a
 lora dir.
+
+`LOADED_ADAPTERS` says which adapters this process's pipelines have loaded: the pipelines
+publish to it, the API reads it, so a route never reads the pipelines' module, which a worker
+thread may be half-way through importing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import threading
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -197,3 +204,26 @@ class LoraRegistry:
                 if not adapter.fits(model):
                     raise InvalidRequest(f"loras: adapter {lora.name!r} is for {', '.join(adapter.base_models)}, "
                                          f"not {model}", param="loras")
+
+
+class LoadedAdapters:
+    """The adapters loaded on this process's pipelines: each pipeline's adapter cache publishes
+    its names whenever they change. Held by weak reference, so a pipeline let go of no longer
+    counts (nor is kept alive by this)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_pipeline: weakref.WeakKeyDictionary[object, frozenset[str]] = weakref.WeakKeyDictionary()
+
+    def publish(self, pipeline: object, names: Iterable[str]) -> None:
+        """`pipeline`'s adapters are now `names` (a pipeline's adapter cache: any object it owns)."""
+        with self._lock:
+            self._by_pipeline[pipeline] = frozenset(names)
+
+    def names(self) -> frozenset[str]:
+        """Every adapter loaded on any pipeline of this process."""
+        with self._lock:
+            return frozenset().union(*self._by_pipeline.values())
+
+
+LOADED_ADAPTERS = LoadedAdapters()

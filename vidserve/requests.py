@@ -1,8 +1,8 @@
 """The generation request: one validated, fully-resolved description of a video to make.
 
 Shared by the CLI and the API so both apply the same rules, before any model is loaded:
-`num_frames = 4*ceil(seconds*fps/4) + 1`, explicit frame counts are 4k+1, width and
-height are multiples of 16 (or of the model's VAE stride x patch).
+`num_frames = 4*ceil(seconds*fps/4) + 1`, explicit frame counts are 4k+1 of at least
+`MIN_FRAMES`, width and height are multiples of 16 (or of the model's VAE stride x patch).
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ from pydantic import ValidationError
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest, echo, from_validation_error
 from vidserve.loras import LoraRegistry, LoraRequest
+from vidserve.media.drift import MIN_CHUNK_FRAMES
 from vidserve.options import AttentionOptions, CacheOptions, GenerationOptions
 from vidserve.registry import ModelSpec
+
+
+# The fewest frames a video may have: the smallest 4k+1 a chunk can make. An extension, which
+# opens on the frame it continues, adds at least one fewer.
+MIN_FRAMES = 4 * math.ceil((MIN_CHUNK_FRAMES - 1) / 4) + 1
 
 
 class ResolvedOptions(GenerationOptions):
@@ -146,9 +152,9 @@ def _geometry(spec: ModelSpec, settings: Settings, size: str | None, seconds: fl
     if seconds is not None and num_frames is not None:
         raise InvalidRequest("give seconds or num_frames, not both", param="num_frames")
     if num_frames is not None:
-        if num_frames < 1 or num_frames % 4 != 1:
-            raise InvalidRequest(f"num_frames must be 4k+1 (e.g. 17, 33, 81), got {num_frames}",
-                                 param="num_frames")
+        if num_frames < MIN_FRAMES or num_frames % 4 != 1:
+            raise InvalidRequest(f"num_frames must be 4k+1 and at least {MIN_FRAMES} (e.g. 17, 33, 81), "
+                                 f"got {num_frames}", param="num_frames")
     elif seconds is not None:
         if not 0 < seconds <= settings.max_seconds:
             raise InvalidRequest(f"seconds must be greater than 0 and at most {settings.max_seconds:g}, "
@@ -252,8 +258,9 @@ def _continuation(spec: ModelSpec, settings: Settings, prompt: str, options: Gen
     if spec.continues_with is None:
         raise InvalidRequest(f"{spec.name} has no image-to-video model to continue its clips", param="model")
     if num_frames is not None:
-        if num_frames < 4 or num_frames % 4:
-            raise InvalidRequest(f"an extension adds a multiple of 4 frames, got {num_frames}", param="num_frames")
+        if num_frames < MIN_FRAMES - 1 or num_frames % 4:
+            raise InvalidRequest(f"an extension adds a multiple of 4 frames, at least {MIN_FRAMES - 1}, got "
+                                 f"{num_frames}", param="num_frames")
         num_frames += 1
     # The geometry of a clip that opens on the continued frame, less that frame. Every chunk of an
     # extension continues a frame, so caption_chain always applies.

@@ -1,8 +1,8 @@
 """/v1/loras: the LoRA adapters requests may name, with what they fit and whether one is loaded."""
 
-import sys
-
 from fastapi import APIRouter, Depends
+
+from vidserve.loras import LOADED_ADAPTERS
 
 from ..auth import authenticate
 from ..services import Services, services
@@ -10,13 +10,11 @@ from ..services import Services, services
 router = APIRouter(prefix="/v1/loras", tags=["loras"], dependencies=[Depends(authenticate)])
 
 
-def _loaded_here(svc: Services) -> set[str] | None:
-    """Adapters loaded in this process, where its embedded queue runs the jobs; None where the
-    workers are other processes (not known here)."""
-    if svc.settings.queue != "embedded":
-        return None
-    module = sys.modules.get("vidserve.pipelines.loras")  # not imported: no job has run, nothing is loaded
-    return module.loaded_names() if module is not None else set()
+def _loaded_here(svc: Services) -> frozenset[str] | None:
+    """Adapters loaded in this process, where its embedded queue runs the jobs (as its pipelines
+    publish them: none before the first job); None where the workers are other processes (not
+    known here)."""
+    return LOADED_ADAPTERS.names() if svc.settings.queue == "embedded" else None
 
 
 @router.get("")
