@@ -90,6 +90,9 @@ class Settings(BaseSettings):
                                        "(logged).")
     chat_prefix_cache: bool = Field(True, description="Automatic prefix caching: prompts that begin like an earlier "
                                     "one (system prompt, conversation so far, same images) reuse its KV cache.")
+    chat_prefix_sharing: str = Field("key", pattern="^(key|global)$", description="Whose cached prompts and image "
+                                     "features a chat request may reuse: 'key', only its own API key's (or those "
+                                     "of requests with the same cache_salt); 'global', everyone's (one tenant).")
     chat_max_waiting: int = Field(64, ge=0, description="Chat requests waiting for a slot past which new ones get 429.")
     chat_max_tokens: int = Field(4096, gt=0, description="Most tokens one answer may generate.")
     chat_max_vision_pixels: int = Field(4096 * 4096, gt=0, description="Largest image (width*height) the chat "
@@ -137,9 +140,17 @@ class Settings(BaseSettings):
     stream_secret: str | None = Field(None, description="Key that signs stream URLs' tokens; every API process "
                                       "must share it. Unset: made and kept in data_dir.")
     stream_url_seconds: int = Field(3600, gt=0, le=7 * 24 * 3600, description="How long a video's stream URL "
-                                    "token works (on a server with keys).")
+                                    "works from when it is issued (on a server with keys); reloading the playlist "
+                                    "never extends it.")
+    stream_hold_seconds: float = Field(30.0, ge=0, le=600, description="How long a request for the stream "
+                                       "playlist of a video with no segment yet is held for its first one, so a "
+                                       "player started on a queued video waits instead of failing (0: answer at "
+                                       "once).")
     realtime_max_seconds: float = Field(20.0, gt=0, description="Length of a realtime session that names no "
                                         "seconds, and the most one may ask for.")
+    realtime_max_prompt_updates: int = Field(100, gt=0, description="Prompt updates one realtime session may send "
+                                             "(each at most VIDSERVE_MAX_PROMPT_CHARS characters); past them, an "
+                                             "error and the last prompt goes on.")
     webhook_url: str | None = Field(None, description="Default webhook for jobs that name none.")
     webhook_secret: str | None = Field(None, description="whsec_... signing secret; made and kept in data_dir if unset.")
     webhook_workers: int = Field(4, gt=0, description="Webhook deliveries in flight at once; each receiver still "

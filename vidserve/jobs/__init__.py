@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Iterable, Literal
 
@@ -139,8 +140,9 @@ def start(worker_id: str, lease_seconds: float) -> Callable[[Job], None]:
         now = time.time()
         job.status, job.worker_id, job.attempts = JobStatus.in_progress, worker_id, job.attempts + 1
         job.started_at, job.lease_expires_at, job.progress, job.error = now, now + lease_seconds, 0, None
-        job.stage, job.steps_done, job.warnings = "generating", 0, []
-        job.chunks, job.segments, job.chunks_started = [], [], 0  # a rerun starts the video over
+        # A rerun (its worker lost) keeps the chunks and segments made, and their warnings: it goes
+        # on from them, and one it makes again replaces its record in place, so the stream never shrinks.
+        job.stage, job.steps_done = "generating", 0
 
     return apply
 
@@ -166,7 +168,7 @@ def chunk_done(worker_id: str, chunk: dict[str, Any], segment: dict[str, Any] | 
     `warnings`: what looks wrong in it."""
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
-        job.chunks = [c for c in job.chunks if c["index"] != chunk["index"]] + [dict(chunk)]
+        job.chunks = _replaced(job.chunks, dict(chunk), lambda c: c["index"] == chunk["index"])
         job.warnings = [w for w in job.warnings if w.chunk != chunk["index"]] + list(warnings)
         if segment is not None:
             segment_done(worker_id, segment, init_key)(job)
@@ -177,10 +179,19 @@ def chunk_done(worker_id: str, chunk: dict[str, Any], segment: dict[str, Any] | 
 def segment_done(worker_id: str, segment: dict[str, Any], init_key: str | None) -> Callable[[Job], None]:
     def apply(job: Job) -> None:
         _held_by(job, worker_id)
-        job.segments = [s for s in job.segments if s["name"] != segment["name"]] + [dict(segment)]
+        job.segments = _replaced(job.segments, dict(segment), lambda s: s["name"] == segment["name"])
         job.stream_init_key = init_key
 
     return apply
+
+
+def _replaced(records: list[dict[str, Any]], record: dict[str, Any], same: Callable[[dict[str, Any]], bool]
+              ) -> list[dict[str, Any]]:
+    """`records` with `record` where the one it replaces was (a chunk made again keeps its place
+    in the stream), or after them if none is."""
+    if not any(same(r) for r in records):
+        return [*records, record]
+    return [record if same(r) else r for r in records]
 
 
 def chunk_started(worker_id: str, index: int) -> Callable[[Job], None]:
@@ -192,13 +203,20 @@ def chunk_started(worker_id: str, index: int) -> Callable[[Job], None]:
     return apply
 
 
-def update_prompt(prompt: str) -> Callable[[Job], None]:
+class PromptUpdatesUsedUp(InvalidTransition):
+    """A job already holds as many prompt updates as it may: each is kept in its record."""
+
+
+def update_prompt(prompt: str, max_updates: int | None = None) -> Callable[[Job], None]:
     """Steer a job: its chunks not yet begun are made from `prompt` (`prompt_updates[-1]["from_chunk"]`
-    says from which)."""
+    says from which). Past `max_updates` updates (None: no cap), PromptUpdatesUsedUp."""
     def apply(job: Job) -> None:
         if job.status.terminal or job.stop_after_chunks is not None:
             raise InvalidTransition(f"job {job.id} is {'stopping' if not job.status.terminal else job.status.value}; "
                                     "its prompt can no longer change")
+        if max_updates is not None and len(job.prompt_updates) >= max_updates:
+            raise PromptUpdatesUsedUp(f"video {job.id} has had the {max_updates} prompt updates a session may send "
+                                      "(VIDSERVE_REALTIME_MAX_PROMPT_UPDATES); its chunks to come keep the last one")
         job.prompt_updates = [*job.prompt_updates, {"from_chunk": job.chunks_started, "prompt": prompt}]
 
     return apply
@@ -330,12 +348,32 @@ def check_page(order: str, limit: int) -> None:
         raise ValueError("limit must be at least 1")
 
 
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """What a new job must fit within, checked by `JobStore.create` in the step that stores it:
+    a count taken apart from the insert lets a burst of creates all see room for one more."""
+
+    max_queued: int | None = None  # jobs queued, every owner's
+    max_active: int | None = None  # its owner's jobs queued or running (None or 0, or no owner: no limit)
+
+
+class QuotaExceeded(Exception):
+    """`JobStore.create` refused a job: `count` jobs already fill `limit`, which allows `allowed`."""
+
+    def __init__(self, limit: Literal["max_queued", "max_active_jobs"], count: int, allowed: int):
+        super().__init__(f"{limit}: {count} of {allowed}")
+        self.limit, self.count, self.allowed = limit, count, allowed
+
+
 class JobStore(ABC):
     """Where job records live. Implementations: SQLite (embedded), Redis (distributed)."""
 
     @abstractmethod
-    def create(self, job: Job) -> tuple[Job, bool]:
-        """Insert `job`. With an idempotency key already taken, return (existing, False) instead."""
+    def create(self, job: Job, limits: AdmissionLimits | None = None) -> tuple[Job, bool]:
+        """Insert `job`. With an idempotency key already taken, return (existing, False) instead:
+        a retry of an accepted request is no new job, whatever the limits. Otherwise, where a
+        limit of `limits` is already reached, QuotaExceeded, and nothing is stored. One atomic
+        step, across every process on the store."""
 
     @abstractmethod
     def get(self, job_id: str) -> Job | None: ...
