@@ -148,14 +148,7 @@ def test_closing_the_socket_cancels_the_video(server):
             await ws.send(json.dumps({"type": "session.create", **LONG, "prompt": "abandoned"}))
             return (await receive_json(ws))["video"]["id"]
 
-    video_id = run(session())
-    with httpx.Client(base_url=server.url, timeout=30) as http:
-        def cancelled() -> bool:
-            status = http.get(f"/v1/videos/{video_id}").json()["status"]
-            assert status == "cancelled", status
-            return True
-
-        eventually(cancelled, timeout=120, what=f"{video_id} to be cancelled")
+    wait_cancelled(server, run(session()))
 
 
 BAD_MESSAGES = [
@@ -285,13 +278,7 @@ def test_hostile_messages_mid_session_get_errors_and_closing_still_cancels_the_v
     assert [(e["code"], e["param"]) for e in errors] == [(code, param) for _, code, param in HOSTILE_MESSAGES], errors
     assert all(e["message"] for e in errors)
     assert updated["from_chunk"] >= 0
-    with httpx.Client(base_url=server.url, timeout=30) as http:
-        def cancelled() -> bool:
-            status = http.get(f"/v1/videos/{video_id}").json()["status"]
-            assert status == "cancelled", status
-            return True
-
-        eventually(cancelled, timeout=120, what=f"{video_id} to be cancelled once its socket closed")
+    wait_cancelled(server, video_id)
 
 
 def reply(ws) -> dict:
@@ -347,3 +334,14 @@ def test_a_failure_in_the_server_closes_the_socket_with_1011_and_cancels_the_vid
             return True
 
         eventually(cancelled, timeout=30, what=f"{video_id} to be cancelled once its socket closed")
+
+
+def wait_cancelled(server, video_id: str) -> None:
+    """Until the video is cancelled: what closing its session, however it closes, must do."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        def cancelled() -> bool:
+            status = http.get(f"/v1/videos/{video_id}").json()["status"]
+            assert status == "cancelled", status
+            return True
+
+        eventually(cancelled, timeout=120, what=f"{video_id} to be cancelled once its socket closed")

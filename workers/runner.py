@@ -6,11 +6,8 @@ The same runner serves the embedded queue and Celery workers. It claims a job th
 an atomic JobStore transition, so a job delivered twice still runs once, and it keeps a
 lease alive while it works, so a job whose worker dies is noticed and run again.
 
-A job run again after its worker was lost goes on from its last finished chunk: each chunk's
-files and the state the next chunk needs (`ChainState`) are stored before the chunk is recorded,
-so the rerun keeps the recorded chunks and their segments (its stream only grows) and makes only
-the rest. Where that state cannot be read back, it goes on from the newest chunk whose state
-can, or from the start, making the chunks after it again in their places.
+A job run again after its worker was lost goes on from its last finished chunk
+(`workers/resume.py`).
 
 An outage never counts against a job: every job store write and storage call is retried
 for up to a lease (vidserve/jobs/outages.py). Past that, a storage outage gives the job back
@@ -28,7 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -53,9 +50,7 @@ from vidserve.telemetry import ANONYMOUS_LABEL, Metrics
 from vidserve.webhooks import WebhookSender, announce, announce_chunk
 
 from .prompt_writer import PromptWriter
-
-if TYPE_CHECKING:
-    from vidserve.pipelines.chain import Resume
+from .resume import CHAIN_STATES, chain_state_key, resume_point
 
 log = logging.getLogger("vidserve.runner")
 
@@ -118,7 +113,7 @@ class JobRunner:
             source = read_video_bytes(self._read(job.source_video_key))[0] if job.source_video_key else None
             request = self.request_for(job, source)
             # The video's segments as they are made (a rerun's, from those it keeps): its stream, then its MP4.
-            resume, timeline = self._resume(job, len(request.chunk_frames))
+            resume, timeline = resume_point(job, len(request.chunk_frames), self._read)
             if source is not None and resume is None:  # the stream opens on the video it continues
                 segment = encode_segment(source, request.fps)
                 record, init_key = self._put_segment(job, "source", segment, timeline)
@@ -255,7 +250,7 @@ class JobRunner:
                 key = self._put(f"{job.id}/{name}", join_segments(segment.init, [segment.media], Path(tmp) / name))
             record, init_key = self._put_segment(job, str(index), segment, timeline)
             if state is not None:
-                state_key = _chain_state_key(job.id, index)
+                state_key = chain_state_key(job.id, index)
                 self._through_outages(lambda: self.storage.put_bytes(state_key, state.to_bytes()),
                                       f"storing {state_key}")
             chunk = {"index": index, "frames": len(frames), "key": key, "drift": drift.to_dict(), "prompt": prompt}
@@ -265,62 +260,6 @@ class JobRunner:
             announce_chunk(self.webhooks, self.settings, current, index)
 
         return on_chunk
-
-    def _resume(self, job: Job, chunks_planned: int) -> tuple[Resume | None, Timeline]:
-        """Where this run goes on (None: from the start) and the timeline of the segments it keeps:
-        after the newest recorded chunk whose state, and the files of every chunk up to it, read
-        back (a chunk is recorded only once they are stored, so nearly always the last one)."""
-        chunks = {chunk["index"]: chunk for chunk in job.chunks}
-        segments = {segment["name"]: segment for segment in job.segments}
-        if job.source_video_key is not None and "source.m4s" not in segments:
-            return None, Timeline()
-        recorded = 0  # chunks 0 .. recorded - 1 are all recorded, each with its segment
-        while recorded < chunks_planned and recorded in chunks and f"{recorded}.m4s" in segments:
-            recorded += 1
-        for next_chunk in range(recorded, 0, -1):
-            try:
-                resume, timeline = self._resume_at(job, next_chunk, chunks, segments)
-            except (FileNotFoundError, ValueError) as exc:
-                log.warning("job %s: cannot go on after chunk %d (%s)", job.id, next_chunk - 1, exc)
-                continue
-            log.info("job %s, attempt %d: goes on from chunk %d of %d, keeping the %d made", job.id, job.attempts,
-                     next_chunk, chunks_planned, next_chunk)
-            return resume, timeline
-        if recorded:
-            log.warning("job %s, attempt %d: starts over, making its %d recorded chunks again in their places",
-                        job.id, job.attempts, recorded)
-        return None, Timeline()
-
-    def _resume_at(self, job: Job, next_chunk: int, chunks: dict[int, dict], segments: dict[str, dict]
-                   ) -> tuple[Resume, Timeline]:
-        """A resume from chunk `next_chunk`, read back from storage: FileNotFoundError or
-        ValueError where something it needs is missing or unreadable."""
-        from vidserve.pipelines.chain import Resume  # torch stays out of processes that never run jobs
-
-        state = ChainState.from_bytes(self._read(_chain_state_key(job.id, next_chunk - 1)))
-        if state.next_chunk != next_chunk:
-            raise ValueError(f"the state stored after chunk {next_chunk - 1} goes on from chunk {state.next_chunk}")
-        if job.stream_init_key is None:
-            raise ValueError("no init segment is recorded")
-        timeline = Timeline()
-        init = self._read(job.stream_init_key)
-        kept = (["source.m4s"] if job.source_video_key is not None else []) + [f"{i}.m4s" for i in range(next_chunk)]
-        for name in kept:
-            timeline.add_placed(init, self._read(segments[name]["key"]), segments[name]["frames"])
-        # The frames made so far, for the outputs made from the whole video (thumbnail, renditions):
-        # decoded from the chunks' MP4s, the frames the stream plays.
-        made = []
-        for index in range(next_chunk):
-            data = self._read(chunks[index]["key"])
-            try:
-                frames = read_video_bytes(data)[0]
-            except Exception as exc:  # whatever ffmpeg makes of a damaged file
-                raise ValueError(f"chunk {index}'s MP4 does not decode: {type(exc).__name__}: {exc}") from exc
-            if len(frames) != chunks[index]["frames"] or frames.shape[1:] != state.condition.shape:
-                raise ValueError(f"chunk {index}'s MP4 holds {frames.shape}, not {chunks[index]['frames']} frames "
-                                 f"of {state.condition.shape}")
-            made.append(frames)
-        return Resume(state, np.concatenate(made)), timeline
 
     def _forget_chain_states(self, job_id: str) -> None:
         """A completed job is never run again: its chain states go (a failure here leaves them to
@@ -440,14 +379,6 @@ class JobRunner:
 
         threading.Thread(target=beat, name=f"lease-{job_id}", daemon=True).start()
         return stop
-
-
-CHAIN_STATES = "chain"  # the folder of a job's chain states, one per chunk made
-
-
-def _chain_state_key(job_id: str, index: int) -> str:
-    """Where the chain's state after chunk `index` is stored."""
-    return f"{job_id}/{CHAIN_STATES}/{index}.npz"
 
 
 def _failure_code(exc: Exception) -> str:
