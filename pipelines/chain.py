@@ -2,8 +2,10 @@
 
 A clip longer than the model's chunk is a chain (see `vidserve.media.drift.chain`): chunk 1
 from the prompt (or the input image), chunk k+1 from the last frame of chunk k on the
-model's image-to-video continuation, each measured for drift against chunk 1 and, with
-`drift_correction="color"`, corrected to it. Progress counts steps across all chunks, and
+model's image-to-video continuation, each measured for drift against the first chunk made
+from its prompt (chunk 1, or the first after the prompt changed: a steered session, a
+storyboard, a caption chain's new caption) and, with `drift_correction="color"`, corrected to
+it. Progress counts steps across all chunks, and
 each chunk is handed to `on_chunk` as soon as it is done, so it can be stored and streamed,
 with the `ChainState` the chunks after it need: a `Resume` from it goes on where the chain
 stopped, so a job whose worker was lost makes only the chunks it had not finished.
@@ -139,7 +141,8 @@ def generate_video(request: GenerationRequest, device: str = "auto", dtype: str 
 
     frames, _ = chain(generator, request.chunk_frames, request.drift_correction, request.seed,
                       condition=condition, anchor=anchor, continuing=request.continuing, on_chunk=chunk_done,
-                      on_state=states.append, resume=resume.state if resume is not None else None)
+                      on_state=states.append, resume=resume.state if resume is not None else None,
+                      prompt_of=generator.prompts.__getitem__)
     if resume is not None:
         frames = np.concatenate([resume.frames, frames])
     return VideoResult(frames=frames, fps=request.fps, seed=request.seed, timings=generator.timings, chunks=reports,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from drift_doubles import SyntheticDriftGenerator
-from vidserve.media.drift import Anchor, chain, color_stats, match_colors, measure
+from vidserve.media.drift import Anchor, ChainState, chain, color_stats, match_colors, measure
 
 CHUNKS, FRAMES = 5, 9
 
@@ -137,3 +137,75 @@ def test_continuing_a_video_drops_its_last_frame():
     frames, _ = chain(SyntheticDriftGenerator(), [5, 5], condition=last_frame, continuing=True,
                       anchor=Anchor.from_frames(last_frame[None]))
     assert frames.shape[0] == 4 + 4
+
+
+# --- a prompt that changes mid-video (a steered session, a storyboard): a new colour reference ---
+
+WARM, COOL = "a warm scene", "a cool scene, 青い"  # not only ASCII: the stored state keeps it as written
+STORYBOARD = [WARM, WARM, COOL, COOL, COOL]
+
+
+def looks_cool(frames: np.ndarray) -> bool:
+    mean = frames.reshape(-1, 3).mean(axis=0)
+    return bool(mean[2] > mean[0])
+
+
+class SteeredGenerator(SyntheticDriftGenerator):
+    """The stand-in model, following its prompt: a chunk made from COOL has its red and blue swapped
+    where the frame it opens on is warm (and WARM the other way), then drifts as before."""
+
+    def __init__(self, prompts: list[str]):
+        super().__init__()
+        self.prompts = prompts
+
+    def generate(self, condition, num_frames, seed, chunk=0):
+        frames = super().generate(condition, num_frames, seed, chunk)
+        made = frames if condition is None else frames[1:]  # the opening frame is the condition itself
+        if looks_cool(made) != (self.prompts[chunk] == COOL):
+            made[...] = made[..., ::-1].copy()
+        return frames
+
+
+def storyboard_chunks(correction: str, prompts: list[str] = STORYBOARD) -> tuple[list[np.ndarray], list]:
+    chunks = []
+    _, metrics = chain(SteeredGenerator(prompts), [FRAMES] * len(prompts), correction=correction, seed=4,
+                       prompt_of=prompts.__getitem__, on_chunk=lambda index, frames, metric: chunks.append(frames))
+    return chunks, metrics
+
+
+def test_a_new_prompt_starts_a_new_colour_reference_and_drift_within_it_is_still_corrected():
+    chunks, metrics = storyboard_chunks("color")
+    # Each chunk has the look its prompt asked for: the cool ones are not pulled back to chunk 1.
+    assert [looks_cool(c) for c in chunks] == [p == COOL for p in STORYBOARD]
+    # The first cool chunk is the reference of the cool ones, and they are held to it as the
+    # warm ones are to chunk 1.
+    assert metrics[2].luma_change == pytest.approx(0.0, abs=1e-12)
+    for reference, last in ((metrics[0], metrics[1]), (metrics[2], metrics[4])):
+        assert abs(last.mean_luma - reference.mean_luma) / reference.mean_luma < 0.02
+        np.testing.assert_allclose(chromaticity(last), chromaticity(reference), atol=0.005)
+    # Uncorrected, the cool chunks drift, measured against the first of them.
+    _, uncorrected = storyboard_chunks("none")
+    assert uncorrected[2].luma_change == pytest.approx(0.0, abs=1e-12)
+    assert uncorrected[4].luma_change <= -0.15
+
+
+def test_one_prompt_throughout_is_corrected_to_chunk_1_as_without_prompts():
+    prompts = [WARM] * CHUNKS
+    frames, metrics = chain(SteeredGenerator(prompts), [FRAMES] * CHUNKS, seed=2, prompt_of=prompts.__getitem__)
+    unnamed, unnamed_metrics = chain(SteeredGenerator(prompts), [FRAMES] * CHUNKS, seed=2)
+    np.testing.assert_array_equal(frames, unnamed)
+    assert metrics == unnamed_metrics
+
+
+@pytest.mark.parametrize("stopped_after", [1, 2, 3])  # 2: the next chunk is the first cool one
+def test_a_storyboard_resumed_from_a_stored_state_makes_what_the_whole_chain_made(stopped_after):
+    states = []
+    plan = [FRAMES] * len(STORYBOARD)
+    whole, metrics = chain(SteeredGenerator(STORYBOARD), plan, seed=4, prompt_of=STORYBOARD.__getitem__,
+                           on_state=states.append)
+    stored = ChainState.from_bytes(states[stopped_after - 1].to_bytes())
+    assert stored.anchor_prompt == STORYBOARD[0 if stopped_after < 3 else 2]
+    rest, rest_metrics = chain(SteeredGenerator(STORYBOARD), plan, seed=4, prompt_of=STORYBOARD.__getitem__,
+                               resume=stored)
+    np.testing.assert_array_equal(rest, whole[FRAMES + (FRAMES - 1) * (stopped_after - 1):])
+    assert rest_metrics == metrics[stopped_after:]

@@ -159,7 +159,7 @@ class GenerationOptions(QueueOptions):
     prompts: list[str] | None = Field(None, description="Per-chunk prompts of a long video (a storyboard); chunks "
                                       "past the list use `prompt`.")
     drift_correction: Literal["color", "none"] = Field("color", description="Match each chunk's colours to the "
-                                                       "first chunk's.")
+                                                       "first chunk made from its prompt.")
     prompt_extend: bool = Field(False, description="The LLM rewrites the prompt (seeing the image) first.")
     caption_chain: bool = Field(False, description="Each continuation chunk's prompt gets a caption of its "
                                 "opening frame.")

@@ -3,7 +3,9 @@
 A long video is a chain of ~5 s image-to-video chunks: the last frame of chunk k conditions chunk
 k+1. Each chunk inherits and adds a little error (darker, colour-shifted, softer), so unchecked the
 picture decays towards black. Here we measure every chunk against an anchor (the first chunk, or
-the input image) and pull its colours back to the anchor's.
+the input image) and pull its colours back to the anchor's. The anchor is the look a prompt asked
+for: where the prompt changes mid-video (a steered session, a storyboard, a caption chain), the
+first chunk made from the new prompt is the new anchor, so the change is kept, not corrected away.
 
 Frames are uint8 numpy arrays [N, H, W, 3] RGB. numpy only (no torch): the API process imports this.
 """
@@ -132,14 +134,19 @@ class ChainState:
     next_chunk: int  # the index of the chunk to make next
     condition: np.ndarray  # [H, W, 3] uint8: the last frame made, which opens the next chunk
     anchor: Anchor  # what every chunk is measured against and corrected to
+    # The prompt the anchor was made from: a later chunk with another prompt is a new anchor. None
+    # where no chunk has said yet (a video being extended; a chain given no `prompt_of`).
+    anchor_prompt: str | None = None
 
     def to_bytes(self) -> bytes:
         """An .npz (no pickles): the frame and the anchor's numbers, bit for bit."""
         out = io.BytesIO()
         color = self.anchor.color
+        # A unicode array, not an object one, so that it loads without pickles; absent when None.
+        prompt = {} if self.anchor_prompt is None else {"anchor_prompt": np.array(self.anchor_prompt)}
         np.savez_compressed(out, next_chunk=np.int64(self.next_chunk), condition=self.condition,
                             mean=np.array(color.mean), std=np.array(color.std), luma=np.float64(color.luma),
-                            histogram=self.anchor.histogram, sharpness=np.float64(self.anchor.sharpness))
+                            histogram=self.anchor.histogram, sharpness=np.float64(self.anchor.sharpness), **prompt)
         return out.getvalue()
 
     @classmethod
@@ -153,7 +160,8 @@ class ChainState:
                 color = ColorStats(mean=tuple(float(v) for v in saved["mean"]),
                                    std=tuple(float(v) for v in saved["std"]), luma=float(saved["luma"]))
                 anchor = Anchor(color, saved["histogram"], float(saved["sharpness"]))
-                return cls(int(saved["next_chunk"]), condition, anchor)
+                prompt = str(saved["anchor_prompt"]) if "anchor_prompt" in saved.files else None
+                return cls(int(saved["next_chunk"]), condition, anchor, prompt)
         except ValueError:
             raise
         except Exception as exc:  # a truncated or foreign file: zipfile, OSError, a missing array
@@ -182,7 +190,7 @@ def chain(generator: VideoGenerator, plan: list[int], correction: str = "color",
           condition: np.ndarray | None = None, anchor: Anchor | None = None, continuing: bool = False,
           on_chunk: Callable[[int, np.ndarray, DriftMetrics], None] | None = None,
           on_state: Callable[[ChainState], None] | None = None, resume: ChainState | None = None,
-          ) -> tuple[np.ndarray, list[DriftMetrics]]:
+          prompt_of: Callable[[int], str] | None = None) -> tuple[np.ndarray, list[DriftMetrics]]:
     """Chain chunks into one video; returns the frames and each chunk's drift metrics.
 
     `plan` is the number of frames each chunk generates. Chunk k+1 is conditioned on the last
@@ -192,25 +200,30 @@ def chain(generator: VideoGenerator, plan: list[int], correction: str = "color",
     Drift is measured against `anchor` (the input image or the video being extended), or
     against chunk 1 when there is none. With correction="color" the conditioning frame is
     matched to the anchor before it conditions (so the model starts from the right colours)
-    and so is each new chunk (to remove the drift the model added on top). `on_chunk` sees
+    and so is each new chunk (to remove the drift the model added on top). `prompt_of` names the
+    prompt chunk k was made from, asked once it is made: the first chunk whose prompt differs from
+    the anchor's is the new anchor, kept as made, and the chunks after it are measured against and
+    corrected to it (an `anchor` given by the caller stands for the first chunk's prompt). Without
+    it every chunk is taken to share one prompt. `on_chunk` sees
     each chunk as soon as it is done, so it can be stored and streamed. A generator that raises
     `StopChain` for a chunk after the first ends the video with the chunks made.
 
     `on_state` sees, just before `on_chunk`, the `ChainState` after each chunk. Given one as
-    `resume`, the chain goes on from it (its condition and anchor stand in for `condition` and
-    `anchor`) and returns only the chunks it makes then, with their metrics: the same frames the
-    whole chain would have made from there.
+    `resume`, the chain goes on from it (its condition, anchor and anchor's prompt stand in for
+    `condition` and `anchor`) and returns only the chunks it makes then, with their metrics: the
+    same frames the whole chain would have made from there.
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
     if not plan or min(plan) < MIN_CHUNK_FRAMES:
         raise ValueError(f"need at least 1 chunk of at least {MIN_CHUNK_FRAMES} frames (a chunk's first frame is "
                          "its condition)")
-    first = 0
+    first, anchor_prompt = 0, None
     if resume is not None:
         if not 0 < resume.next_chunk <= len(plan):
             raise ValueError(f"cannot resume a chain of {len(plan)} chunks at chunk {resume.next_chunk}")
         first, condition, anchor = resume.next_chunk, resume.condition, resume.anchor
+        anchor_prompt = resume.anchor_prompt
     videos, metrics = [], []
     for index, num_frames in enumerate(plan[first:], first):
         if condition is not None and anchor is not None and correction == "color":
@@ -223,8 +236,12 @@ def chain(generator: VideoGenerator, plan: list[int], correction: str = "color",
             break
         if index > 0 or continuing:
             frames = frames[1:]
-        if anchor is None:
-            anchor = Anchor.from_frames(frames)
+        prompt = prompt_of(index) if prompt_of is not None else None
+        if anchor_prompt is None:
+            anchor_prompt = prompt
+        if anchor is None or prompt != anchor_prompt:
+            # The look this prompt asked for: what its chunks are held to, not the old prompt's.
+            anchor, anchor_prompt = Anchor.from_frames(frames), prompt
         elif correction == "color":
             frames = match_colors(frames, anchor)
         metric = measure(frames, anchor)
@@ -232,7 +249,7 @@ def chain(generator: VideoGenerator, plan: list[int], correction: str = "color",
         metrics.append(metric)
         condition = frames[-1]
         if on_state is not None:
-            on_state(ChainState(index + 1, condition, anchor))
+            on_state(ChainState(index + 1, condition, anchor, anchor_prompt))
         if on_chunk is not None:
             on_chunk(index, frames, metric)
     if not videos:  # resumed after its last chunk, or stopped at once
