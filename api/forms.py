@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
@@ -57,7 +58,9 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
     fields: dict[str, Any] = {}
     files: dict[str, bytes] = {}
     bracketed: set[str] = set()  # names given as name[...]: one may not also come plain
-    for key, value in form.multi_items():
+    items = form.multi_items()
+    keys = iter(_index_field_by_field_lists([key for key, value in items if not isinstance(value, UploadFile)]))
+    for key, value in items:
         if isinstance(value, UploadFile):
             if key not in file_fields:
                 raise APIError(400, f"unexpected file field {echo(key)}", param=key[:ECHO_CHARS])
@@ -65,6 +68,7 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
                 raise APIError(413, f"{key} is larger than the {limit} byte limit", param=key, code="file_too_large")
             files[key] = await value.read()
             continue
+        key = next(keys)
         name = key.partition("[")[0]
         if name in fields and (name not in bracketed or "[" not in key):
             # Which of two values to take is no choice to make silently: the last? the first?
@@ -83,13 +87,63 @@ async def _read_form(request: Request, limit: int, file_fields: tuple[str, ...])
 
 _SEGMENT = re.compile(r"\[([^\[\]]*)\]")
 _INDEX = re.compile(r"[0-9]+")
+_ITEM_FIELD = re.compile(r"([^\[\]]+)\[\](\[.*)")  # name[][field]...: a field of an item of the list `name`
+
+
+def _index_field_by_field_lists(keys: list[str]) -> list[str]:
+    """The form's keys, in order, with each list of objects written field by field given indexes.
+
+    OpenAI's SDK writes a list of objects field by field: [{"format": "webm", "fps": 30},
+    {"format": "mov", "fps": 16}] as outputs[][format] twice, then outputs[][fps] twice; a client
+    writing item by item sends outputs[][format], outputs[][fps], outputs[][format], ... A list
+    whose fields each come in one run, every run as long, is read field by field: the k-th value
+    of each field is item k (outputs[k][field]). Runs of different lengths are refused: after
+    outputs[][format] three times, one outputs[][fps] may belong to any of the three. Any other
+    order is read item by item (`_assign_bracketed`)."""
+    runs: dict[str, list[tuple[str, int]]] = {}  # list name -> (its item's field, how many in a row)
+    for key in keys:
+        if match := _ITEM_FIELD.fullmatch(key):
+            name, field = match.groups()
+            fields = runs.setdefault(name, [])
+            if fields and fields[-1][0] == field:
+                fields[-1] = (field, fields[-1][1] + 1)
+            else:
+                fields.append((field, 1))
+    field_by_field = set()
+    for name, fields in runs.items():
+        if len({field for field, _ in fields}) < len(fields):
+            continue  # a field comes back after another: item by item
+        if len({count for _, count in fields}) > 1:
+            raise _ambiguous_list(name, fields)
+        field_by_field.add(name)
+    indexed, written = [], Counter[str]()  # written: how many values of each key came before
+    for key in keys:
+        match = _ITEM_FIELD.fullmatch(key)
+        if match and match[1] in field_by_field:
+            indexed.append(f"{match[1]}[{written[key]}]{match[2]}")
+            written[key] += 1
+        else:
+            indexed.append(key)
+    return indexed
+
+
+def _ambiguous_list(name: str, fields: list[tuple[str, int]]) -> APIError:
+    name = name[:ECHO_CHARS]
+    counts = ", ".join(f"{echo(name + '[]' + field)} {f'{count} times' if count > 1 else 'once'}"
+                       for field, count in fields[:3])
+    more = ", ..." if len(fields) > 3 else ""
+    return APIError(400, f"{name} is a list of objects written field by field with different counts ({counts}{more}), "
+                         f"so which item each value belongs to cannot be told; send {name} as JSON: a JSON body, or "
+                         f"one form field {name} holding the JSON list (with the OpenAI SDK, "
+                         f"extra_body={{\"{name}\": json.dumps([...])}})", param=name, code="ambiguous_form_field")
 
 
 def _assign_bracketed(fields: dict[str, Any], key: str, value: str) -> None:
     """Put a bracketed form field where its key says, as OpenAI's SDK writes nested values in a
     form: {"video": {"id": V}} as video[id]=V, and [{"name": A}, {"name": B}] under loras as
-    loras[][name]=A, loras[][name]=B (a key already set in the last item starts the next), or
-    as other clients write lists, with indexes counting from 0: loras[0][name]=A, loras[1][name]=B."""
+    loras[][name]=A, loras[][name]=B (a key already set in the last item starts the next; a list
+    written field by field has been given indexes by `_index_field_by_field_lists`), or as other
+    clients write lists, with indexes counting from 0: loras[0][name]=A, loras[1][name]=B."""
     name, _, rest = key.partition("[")
     segments = _SEGMENT.findall("[" + rest)
     if not name or "".join(f"[{segment}]" for segment in segments) != "[" + rest:

@@ -9,15 +9,22 @@ image like wan-shapes does. The chat examples get the real vlm-shapes, the serve
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import warnings
+import zipfile
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
+from probe import probe
 
 from servers import Server
+from vidserve.media import read_video
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -50,6 +57,13 @@ def test_markers_sit_on_blocks():
     assert README.count("<!-- not run") == len(marked) and len(BLOCKS) - len(marked) >= 3
 
 
+def test_each_checked_example_is_one_block_that_runs():
+    """A README edit that moved or marked a checked example would silently drop its check."""
+    for marker in CHECKS:
+        holding = [b.values[0] for b in BLOCKS if marker in b.values[0]["code"]]
+        assert len(holding) == 1 and holding[0]["reason"] is None, marker
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("block", BLOCKS)
 def test_readme_block(block, sandbox):
@@ -62,10 +76,55 @@ def test_readme_block(block, sandbox):
                           text=True, timeout=300)
     assert done.returncode == 0, f"{block['code']}\n--- exit {done.returncode}:\n{done.stdout[-3000:]}" \
                                  f"\n{done.stderr[-3000:]}\n--- server log:\n{server.logs()}"
+    # The SDK snippets filter OpenAI's notice about its own service, which would print at every call.
+    assert "The Sora API" not in done.stderr, done.stderr[-3000:]
     for video in work.rglob("*.mp4"):  # curl writes a 409's JSON as happily as an MP4
         if before.get(video) != video.stat().st_mtime_ns:
             assert video.read_bytes()[4:8] == b"ftyp", f"{video.name} is not an MP4: {video.read_bytes()[:200]!r}"
     assert_git_status_stays_clean(work)
+    for marker, check in CHECKS.items():
+        if marker in block["code"]:
+            check(work, server)
+
+
+def newest_video(server: Server, prompt: str) -> dict:
+    videos = httpx.get(f"{server.url}/v1/videos", params={"limit": 100}, timeout=30).json()["data"]
+    return next(video for video in videos if video["prompt"] == prompt)
+
+
+def check_outputs_example(work: Path, server: Server) -> None:
+    """The Outputs example's files are what it asked for: WebM at 30 fps, MOV and PNG frames at the
+    video's rate. And its list sent as the SDK writes lists, field by field, is refused, not misread."""
+    video = newest_video(server, "a red circle moving right on a black background")
+    asked = [("webm", 30), ("mov", video["fps"]), ("frames", video["fps"])]
+    assert [(output["format"], output["fps"]) for output in video["outputs"]] == asked, video["outputs"]
+    webm, mov, frames = (work / "out" / output["filename"] for output in video["outputs"])
+    assert webm.read_bytes()[:4] == b"\x1a\x45\xdf\xa3" and probe(webm).codec == "vp9"  # EBML: Matroska/WebM
+    assert mov.read_bytes()[4:12] == b"ftypqt  " and probe(mov).codec == "prores"  # QuickTime's brand
+    assert (probe(webm).fps, probe(webm).frames) == (30, video["outputs"][0]["frames"])
+    assert (probe(mov).fps, probe(mov).frames) == (video["fps"], video["num_frames"])
+    with zipfile.ZipFile(frames) as archive:
+        manifest = json.loads(archive.read("manifest.json"))
+        pngs = [name for name in archive.namelist() if name.endswith(".png")]
+    assert manifest["fps"] == video["fps"] and len(pngs) == manifest["frames"] == video["num_frames"], manifest
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused-on-loopback")
+    with pytest.raises(openai.BadRequestError) as refused, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The Sora API")  # OpenAI's notice about its own service
+        client.videos.create(prompt="a red circle", seconds="1", extra_body={
+            "outputs": [{"format": "webm", "fps": 30}, {"format": "mov"}, {"format": "frames"}]})
+    assert refused.value.body["param"] == "outputs" and refused.value.body["code"] == "ambiguous_form_field"
+
+
+def check_stream_example(work: Path, server: Server) -> None:
+    """ffmpeg read the whole HLS stream: every frame of the video, not the live edge's."""
+    video = newest_video(server, "a blue circle moving down on a gray background")
+    assert video["status"] == "completed" and len(video["chunks"]) >= 2, video
+    assert len(read_video(work / "out" / "stream.mp4")[0]) == video["num_frames"]
+
+
+# A block holding the marker is checked by the function after it has run.
+CHECKS = {'extra_body={"outputs": json.dumps(outputs)}': check_outputs_example,
+          "out/stream.mp4": check_stream_example}
 
 
 def assert_git_status_stays_clean(work: Path) -> None:

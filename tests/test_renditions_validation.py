@@ -68,6 +68,28 @@ def test_outputs_in_a_form_are_json(api):
     assert [(o["name"], o["codec"], o["fps"], o["frames"]) for o in created.json()["outputs"]] == [("webm", "vp9", 24, 25)]
 
 
+def test_outputs_written_field_by_field_as_the_sdk_writes_them_are_read_by_position(api):
+    """OpenAI's SDK writes a list of objects field by field: every outputs[][format], then every outputs[][fps]."""
+    client, _ = api
+    form = {**{k: str(v) for k, v in VIDEO.items()}, "outputs[][format]": ["webm", "mov"],
+            "outputs[][fps]": ["24", "8"]}
+    created = client.post("/v1/videos", data=form)
+    assert created.status_code == 200, created.text
+    assert [(o["format"], o["fps"]) for o in created.json()["outputs"]] == [("webm", 24), ("mov", 8)]
+
+
+def test_a_list_written_field_by_field_with_different_counts_is_refused(api):
+    """Three formats and one fps: the fps may be any item's, so the server asks for JSON rather than guess."""
+    client, services = api
+    form = {**{k: str(v) for k, v in VIDEO.items()}, "outputs[][format]": ["webm", "mov", "frames"],
+            "outputs[][fps]": "30"}
+    refused = client.post("/v1/videos", data=form)
+    assert_refused(refused, "outputs")
+    error = refused.json()["error"]
+    assert error["code"] == "ambiguous_form_field" and "as JSON" in error["message"], error
+    assert services.queue.submitted == [] and services.store.list()[0] == []
+
+
 def test_an_extension_renders_the_whole_video_and_is_checked_like_any(api, tmp_path):
     client, services = api
     source = encode_mp4(np.full((9, 64, 96, 3), 90, np.uint8), tmp_path / "source.mp4", fps=16).read_bytes()
