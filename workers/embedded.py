@@ -8,6 +8,9 @@ recent starts. On start it recovers jobs that were running when a previous proce
 again or, with their attempts used up, failed), then its thread warms up on the default model
 (`JobRunner.warm_up`; `warming` until done) before it takes the first job. After each job it
 recovers a job the runner gave up during an outage, which Celery's lease reaper would recover there.
+
+A server shutting down `drain`s it first: no job starts after that, and the running one (`running_job_id`)
+finishes, or, given back by its runner (`JobRunner.interrupt`), runs again on the next start.
 """
 
 from __future__ import annotations
@@ -78,13 +81,27 @@ class EmbeddedQueue:
         """Warming up: jobs wait until it is done (a queued one then starts at full speed)."""
         return self._warming
 
+    @property
+    def running_job_id(self) -> str | None:
+        """The job the worker runs (or has just picked), if any."""
+        running = self._running
+        return running[0] if running is not None else None
+
+    def drain(self) -> None:
+        """Start no job from now on; the running one goes on. Safe in a signal handler: the flag is
+        set before the lock (re-entrant) is taken to wake the worker."""
+        self._stopping = True
+        with self._wake:
+            self._wake.notify()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop taking jobs. A job still running when the process exits is recovered on the next start."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         if self._thread is not None:
-            self._thread.join(timeout)
+            # A runner told to stop has given its job back: a step too long to wait for is not waited for.
+            self._thread.join(0 if self.runner.interrupted else timeout)
 
     def _queued(self) -> list[Job]:
         return self.store.with_status([JobStatus.queued])
@@ -101,6 +118,8 @@ class EmbeddedQueue:
                     continue
                 chosen = next_entry([Entry.of(job) for job in queued], self._fairness, time.time(),
                                     self.aging_seconds)
+                if self._stopping:  # drained while the line was read
+                    return None
                 if chosen is not None:
                     self._fairness.charge(chosen)
                     job = next(job for job in queued if job.id == chosen.id)
@@ -131,7 +150,8 @@ class EmbeddedQueue:
         while (job := self._next()) is not None:
             done = None
             try:
-                done = self.runner.run(job.id)
+                if not self._stopping:  # drained since the pick: the job stays queued for the next start
+                    done = self.runner.run(job.id)
             except Exception:  # the runner already records failures; this guards the thread itself
                 log.exception("runner crashed on %s", job.id)
             with self._wake:
@@ -139,6 +159,8 @@ class EmbeddedQueue:
                 if done is not None and done.status is JobStatus.completed:
                     recent = self._recent.setdefault(job.model, deque(maxlen=RECENT_JOBS))
                     recent.append(done.completed_at - done.started_at)
+            if self._stopping:  # a job given back on the way out is recovered by the next start
+                break
             try:
                 self._recover("was given up during an outage")  # queued again: the next pick sees it
             except OUTAGES as exc:  # the store is still away: the next job, or a restart, recovers it

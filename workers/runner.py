@@ -9,6 +9,10 @@ lease alive while it works, so a job whose worker dies is noticed and run again.
 A job run again after its worker was lost goes on from its last finished chunk
 (`workers/resume.py`).
 
+A runner told to stop (`interrupt`, a server shutting down) gives its job back at the next
+denoising step or chunk (`jobs.release`, with its attempt counted), so it runs again, from its
+last finished chunk, on the next start.
+
 An outage never counts against a job: every job store write and storage call is retried
 for up to a lease (vidserve/jobs/outages.py). Past that, a storage outage gives the job back
 (`jobs.release`) to run again, and a job store outage leaves it, untouched, to the lease
@@ -62,6 +66,10 @@ WARM_UP_STEPS = 2  # a warm-up generation's: enough for every call a job makes, 
 T = TypeVar("T")
 
 
+class Interrupted(Exception):
+    """The runner was told to stop (the server is shutting down): its job is given back to run again."""
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -78,10 +86,27 @@ class JobRunner:
         self.worker_id = worker_id or default_worker_id()
         self.writer = writer  # the LLM path, for prompt_extend and caption_chain
         self.adapters = LoraRegistry.from_settings(settings.lora_dirs, settings.loras, settings.lora_cache)
+        self._interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        """Stop the running job at its next denoising step or chunk and give it back (it runs again,
+        from its last finished chunk); the runner takes no job after this."""
+        self._interrupted.set()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted.is_set()
+
+    def give_back(self, job_id: str) -> Job | None:
+        """Give the job back from outside its run (a run that does not reach a step boundary in time):
+        its lease lapses, so the next start runs it again; the run's later writes find it no longer its."""
+        return self._update_quietly(job_id, _released_by_shutdown(self.worker_id))
 
     def run(self, job_id: str) -> Job | None:
         """Run the job if it is still queued; return its record as this run left it (None if
         not ours to run, or the job store stayed out of reach)."""
+        if self._interrupted.is_set():
+            return None  # stopping: the job stays queued for the next start
         try:
             job = self._write(job_id, jobs.start(self.worker_id, self.settings.lease_seconds))
         except (JobNotFound, InvalidTransition):
@@ -146,6 +171,8 @@ class JobRunner:
             return done
         except (JobCancelled, JobNotFound, LeaseLost) as exc:  # cancelled, deleted, or now another worker's
             return self._end_quietly(job, exc)
+        except Interrupted:  # the server is stopping: the job runs again on the next start
+            return self._update_quietly(job.id, _released_by_shutdown(self.worker_id))
         except StorageUnavailable as exc:  # not the job's fault: it runs again (or, attempts used up, fails)
             log.warning("job %s: %s; giving the job back", job.id, exc)
             return self._update_quietly(job.id, jobs.release(self.worker_id, exc.code, str(exc)))
@@ -220,7 +247,9 @@ class JobRunner:
     def _report(self, job_id: str, progress: int | None = None, stage: str | None = None,
                 steps_done: int | None = None) -> None:
         """Record progress (and renew the lease); JobCancelled if a cancel was asked for meanwhile.
-        JobNotFound (deleted) and LeaseLost end the run like a cancel."""
+        JobNotFound (deleted) and LeaseLost end the run like a cancel; Interrupted gives the job back."""
+        if self._interrupted.is_set():
+            raise Interrupted()
         current = self._write(job_id, jobs.heartbeat(self.worker_id, self.settings.lease_seconds, progress, stage,
                                                      steps_done))
         if current.cancel_requested:
@@ -229,6 +258,8 @@ class JobRunner:
     def _on_chunk_start(self, job: Job):
         """Each chunk's steering, read as it begins: a prompt update, or a stop."""
         def on_chunk_start(index: int) -> str | None:
+            if self._interrupted.is_set():
+                raise Interrupted()
             current = self._write(job.id, jobs.chunk_started(self.worker_id, index))
             if current.cancel_requested:
                 raise JobCancelled()
@@ -379,6 +410,10 @@ class JobRunner:
 
         threading.Thread(target=beat, name=f"lease-{job_id}", daemon=True).start()
         return stop
+
+
+def _released_by_shutdown(worker_id: str) -> Callable[[Job], None]:
+    return jobs.release(worker_id, "server_stopped", "the server stopped while running this job")
 
 
 def _failure_code(exc: Exception) -> str:
