@@ -2,7 +2,9 @@
 and at 400x800 the finished video plays at the top without scrolling, with crisp pixels and no
 controls over it; every download answers with its file; remix, extend and "same seed again" make
 videos that complete; the copied curl command (and Python) makes the same job again; nothing
-scrolls sideways at 400 px; the running, failed and error states are shown for what they are.
+scrolls sideways at 400 px; the running, failed and error states are shown for what they are; at
+400 and 1280 px a page of recent jobs stays in a box of bounded height, the chat's file input shows
+whole, an error goes once its field is changed, and Remix is one Tab (and Enter) from the prompt.
 
 Screenshots of the empty, running, finished, failed and error states are saved under the
 module's temp dir (`screens`). Like test_playground.py, these need Playwright and a Chromium
@@ -244,3 +246,55 @@ def test_running_queued_failed_and_refused_are_shown_as_such(server, browser, ap
         page.screenshot(path=screens / "error-1366x900.png")
     for shot in screens.iterdir():
         assert_not_blank(shot)
+
+
+def test_the_page_stays_short_and_the_result_is_one_tab_from_the_prompt(server, browser, api, screens):
+    """A page of ten cards scrolls in its own box; the chat's file input shows whole; an error beside
+    a field goes once that field is changed; from the prompt, one Tab and Enter reach Remix."""
+    for n in range(10):  # ten cards, cancelled while queued: nothing to compute
+        made = api.post("/v1/videos", json={"prompt": f"card {n}", "size": "64x64", "seconds": "1",
+                                            "num_inference_steps": 1}).raise_for_status().json()
+        api.post(f"/v1/videos/{made['id']}/cancel").raise_for_status()
+    for viewport in (PHONE, {"width": 1280, "height": 900}):
+        with checked_page(browser, viewport) as page:
+            open_playground(page, server)
+            wait_until(page, "document.querySelectorAll('#gallery-rows tr[data-id]').length === 10")
+            cards = page.evaluate("""(rows => ({shown: rows.clientHeight, all: rows.scrollHeight,
+                                               section: document.querySelector('#gallery').offsetHeight}))(
+                                     document.querySelector('#gallery-rows'))""")
+            bound = min(36 * 15, 0.75 * viewport["height"])  # min(36rem, 75vh), at 15 px a rem
+            assert cards["shown"] <= bound + 1 and cards["all"] > cards["shown"], cards
+            assert cards["section"] < bound + 200, cards  # its heading and buttons above the cards
+            image = page.evaluate("(i => [i.scrollWidth, i.clientWidth])(document.querySelector('#chat-image'))")
+            assert image[0] <= image[1], f"the file input is clipped: {image}"
+            no_sideways_scroll(page)
+
+            page.fill("#prompt", "a red circle moving left on a black background")
+            page.fill("#size", "65x64")
+            page.click("#generate")
+            page.wait_for_selector("#job-error:not([hidden])")
+            page.focus("#seed")
+            page.keyboard.type("3")  # another field: the message about the size stays
+            assert page.is_visible("#job-error") and page.get_attribute("#size", "aria-invalid") == "true"
+            page.focus("#size")
+            page.keyboard.press("Backspace")  # the field the error names: the message goes with the change
+            assert page.is_hidden("#job-error") and page.get_attribute("#size", "aria-invalid") is None
+
+            page.focus("#prompt")
+            page.keyboard.press("Tab")
+            assert page.evaluate("document.activeElement.id") == "model"  # no video on screen: nothing to reach
+            page.fill("#size", "64x64")
+            page.fill("#steps", "1")
+            page.click("#generate")
+            wait_until(page, "document.querySelector('#live-status').textContent.startsWith('completed')")
+            page.wait_for_selector("#result:not([hidden])")
+            page.evaluate("window.scrollTo(0, document.querySelector('#prompt').getBoundingClientRect().top + scrollY)")
+            page.focus("#prompt")
+            page.keyboard.type(", then up")
+            page.keyboard.press("Tab")
+            assert page.evaluate("document.activeElement.id") == "to-result"
+            page.keyboard.press("Enter")
+            assert page.evaluate("document.activeElement.id") == "remix"
+            box = page.evaluate("(b => [b.top, b.bottom, innerHeight])(document.activeElement.getBoundingClientRect())")
+            assert 0 <= box[0] and box[1] <= box[2], f"Remix has focus but is out of view: {box}"
+            page.screenshot(path=screens / f"short-{viewport['width']}.png", full_page=True)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from polling import eventually
 from servers import Server
-from test_playground import browser, page, wait_until  # noqa: F401 (fixtures, used by name)
+from test_playground import browser, checked_page, page, wait_until  # noqa: F401 (fixtures, used by name)
 
 KEY = "playground-stream-key"
 # wan-tiny at 64x64: 20 s is ten chunks (33, then 32 frames at 16 fps); at 100 steps each takes a
@@ -70,6 +70,16 @@ def fill_form(page, prompt: str) -> None:
             page.fill(field, value)
 
 
+# Where a live session's player is: in the result area at the top of the page, and in the window.
+PLACED = """s => (el => ({inStage: document.querySelector('#stage').contains(el), top: el.getBoundingClientRect().top,
+                        bottom: el.getBoundingClientRect().bottom, height: innerHeight}))(document.querySelector(s))"""
+
+
+def assert_at_the_top_in_view(page, selector: str) -> None:
+    placed = page.evaluate(PLACED, selector)
+    assert placed["inStage"] and -1 < placed["top"] and placed["bottom"] < placed["height"] + 1, placed
+
+
 def playing_past(page, player: str, error: str, seconds: float) -> None:
     """Wait until `player` has played past `seconds`; the page's error, if it shows one, is the reason it has not."""
     def played() -> bool:
@@ -117,6 +127,7 @@ def test_a_live_session_plays_and_is_steered_to_a_new_prompt(servers, http, page
 
     playing_past(page, "#realtime-video", "#realtime-error", 0)
     assert http.get(f"/v1/videos/{video_id}").json()["status"] == "in_progress"
+    assert_at_the_top_in_view(page, "#realtime-video")
 
     page.fill("#steer-prompt", "a blue circle")
     page.click("#steer")
@@ -146,12 +157,17 @@ def test_a_live_session_plays_and_is_steered_to_a_new_prompt(servers, http, page
     assert player["ranges"] == 1 and abs(player["duration"] - video["num_frames"] / video["fps"]) < 0.1, player
 
 
-def test_a_live_session_starts_on_a_keyed_server(servers, page):
+def test_a_live_session_starts_on_a_keyed_server_at_the_top_of_a_phone(servers, browser):
+    """At 400 px the form is far below the result area: the session's player and its steering come up
+    from there, with focus in the new-prompt box."""
     _, keyed = servers
-    open_page(page, keyed, KEY)
-    fill_form(page, "a red square")
-    page.click("#realtime summary")
-    page.click("#realtime-start")
-    wait_until(page, "document.querySelector('#realtime-id').textContent || "
-                     "!document.querySelector('#realtime-error').hidden")
-    assert page.is_hidden("#realtime-error"), page.text_content("#realtime-error")  # closing the page cancels it
+    with checked_page(browser, {"width": 400, "height": 800}) as page:
+        open_page(page, keyed, KEY)
+        fill_form(page, "a red square")
+        page.click("#realtime summary")
+        page.click("#realtime-start")
+        assert_at_the_top_in_view(page, "#session .screen")
+        assert page.evaluate("document.activeElement.id") == "steer-prompt"
+        wait_until(page, "document.querySelector('#realtime-id').textContent || "
+                         "!document.querySelector('#realtime-error').hidden")
+        assert page.is_hidden("#realtime-error"), page.text_content("#realtime-error")  # closing the page cancels it

@@ -21,6 +21,7 @@ export function setup() {
       form.requestSubmit();
     }
   });
+  form.addEventListener("input", () => api.showError(error, null)); // the message or max tokens being fixed
   $("chat-stop").addEventListener("click", () => controller?.abort());
   $("chat-clear").addEventListener("click", () => {
     controller?.abort();

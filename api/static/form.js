@@ -1,6 +1,7 @@
 // The video form: every field a request takes from a person (the rest keep the server's defaults),
 // the models and their presets, the adapters, example prompts, and the API's errors pointed at the
 // field they name. A live session (realtime.js) sends the same fields.
+import { showError } from "./api.js";
 import { $ } from "./ui.js";
 
 const form = $("job-form");
@@ -10,6 +11,8 @@ const TEXT_FIELDS = ["model", "size", "seconds", "seed", "num_inference_steps", 
                      "negative_prompt", "drift_correction", "priority"];
 const models = new Map();
 let defaultModel = null;
+// The field an API error named and the message shown beside it: both go once the field is changed.
+let pointed = null; // {field, region}
 
 export function setup({ submit }) {
   form.addEventListener("submit", (event) => {
@@ -24,6 +27,12 @@ export function setup({ submit }) {
     }
   });
   $("model").addEventListener("change", describeModel);
+  form.addEventListener("input", (event) => {
+    if (pointed?.field === event.target) {
+      showError(pointed.region, null);
+      clearInvalid();
+    }
+  });
   for (const example of form.querySelectorAll("button.example")) {
     example.addEventListener("click", () => {
       $("prompt").value = example.dataset.prompt;
@@ -118,6 +127,7 @@ export function formFields() {
 
 export function clearInvalid() {
   for (const field of form.querySelectorAll("[aria-invalid]")) field.removeAttribute("aria-invalid");
+  pointed = null;
 }
 
 // Marks the field an API error names, so the fix is one keystroke away, and moves the message
@@ -132,5 +142,6 @@ export function pointAt(err, region) {
   if (fold) fold.open = true; // an advanced field
   (field.closest(".fields, fieldset") ?? field).after(region);
   field.setAttribute("aria-invalid", "true");
+  pointed = { field, region };
   field.focus();
 }

@@ -36,6 +36,10 @@ export function setup(callbacks) {
   $("remix").addEventListener("click", () => makeFrom("remix"));
   $("extend").addEventListener("click", () => makeFrom("extend"));
   $("rerun").addEventListener("click", () => makeFrom("rerun"));
+  $("to-result").addEventListener("click", (event) => {
+    event.preventDefault();
+    $("remix").focus(); // scrolls it into view: on a narrow page it is far above the form
+  });
   $("copy-curl").addEventListener("click", () => copy($("snippet-curl").textContent, "curl command"));
   $("copy-python").addEventListener("click", () => copy($("snippet-python").textContent, "Python code"));
 }
@@ -126,13 +130,19 @@ function follow(video, request = null) {
   $("live-id").textContent = video.id;
   $("live-chunks").replaceChildren();
   $("live-downloads").replaceChildren();
-  $("result").hidden = true;
+  showResult(false);
   emptyPlayer();
   api.showError($("live-error"), null);
   showSnippet(video);
   render(video);
   if (!TERMINAL.has(video.status)) stream(live, video);
   watch(live, video);
+}
+
+// What can be done with a completed video, and the form's link to it (from the prompt: one Tab).
+function showResult(on) {
+  $("result").hidden = !on;
+  $("to-result").hidden = !on;
 }
 
 function emptyPlayer() {
@@ -164,7 +174,10 @@ async function watch(job, video) {
       for await (const { event, data } of api.events(response)) {
         if (live !== job) return;
         if (event === "video.chunk") addChunk(job, data.index, data.frames, data.drift);
-        else if (event === "video.deleted") {
+        else if (event === "video.progress") {
+          video = { ...video, ...data }; // what moved; the rest is the last status event's object
+          render(video);
+        } else if (event === "video.deleted") {
           $("live-status").textContent = "deleted";
           return;
         } else if (data.object === "video") {
@@ -181,7 +194,7 @@ async function watch(job, video) {
   }
   if (live === job && video.status === "completed") {
     showDownloads(video);
-    $("result").hidden = false;
+    showResult(true);
     try {
       const url = await api.blobURL(`v1/videos/${job.id}/content?variant=video`, { signal: job.controller.signal });
       if (live !== job) return URL.revokeObjectURL(url);

@@ -37,6 +37,7 @@ async function start() {
   session?.player.close();
   api.showError(error, null);
   $("steer-status").textContent = "";
+  showPanel();
   const { fields, image } = formFields();
   const create = { type: "session.create", ...fields };
   let socket;
@@ -101,6 +102,17 @@ function receive(current, data) {
     statusChanged(message.video);
   }
   render(current);
+}
+
+// The session plays at the top of the page, as a job does: on a narrow page, far above the form.
+// Focus goes to its prompt box, ready to steer, without scrolling past the player.
+function showPanel() {
+  const panel = $("session");
+  panel.hidden = false;
+  $("stage-empty").hidden = true;
+  const top = panel.getBoundingClientRect().top;
+  if (top < 0 || top > window.innerHeight / 3) panel.scrollIntoView({ block: "start" });
+  $("steer-prompt").focus({ preventScroll: true });
 }
 
 function closed(current, event) {
