@@ -4,9 +4,10 @@ remix) plus cancel and a Server-Sent Events stream of a job's progress and chunk
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import time
 from pathlib import PurePosixPath
-from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -16,7 +17,7 @@ from vidserve.errors import echo
 from vidserve.jobs import Job, JobNotFound, JobStatus
 from vidserve.keys import Caller
 from vidserve.media.renditions import NAME_PATTERN
-from vidserve.jobs.video_object import VideoObject, segment_path
+from vidserve.jobs.video_object import VideoObject, VideoProgress, segment_path
 from vidserve.webhooks import announce
 
 from ..auth import authenticate, capped_stream
@@ -177,35 +178,43 @@ async def remix_video(video_id: str, request: Request, svc: Services = Depends(s
 @router.get("/{video_id}/events")
 async def video_events(video_id: str, request: Request, svc: Services = Depends(services),
                        caller: Caller = Depends(authenticate)):
-    """Server-Sent Events: `video.<status>` on each status change, `video.queued` again as its
-    place in line changes, `video.progress` as steps complete, as the stage turns to `encoding`
-    and as each rendition is stored, `video.chunk` as each chunk of a long video becomes
-    downloadable, ending after the terminal event (completed, failed or cancelled)."""
+    """Server-Sent Events: `video.<status>` with the whole video object on each status change,
+    `video.queued` again as its place in line changes, `video.progress` with what moved
+    (`VideoProgress`: step, chunk, estimated end, stage, warnings) as steps complete, as the stage
+    turns to `encoding` and as each rendition is stored, `video.chunk` as each chunk of a long
+    video becomes downloadable, ending after the terminal event (completed, failed or cancelled)."""
     await run_in_threadpool(_get, svc, caller, video_id)
 
     async def stream():
-        last, announced, idle = None, set(), 0.0
+        # What the stream last told: the job's state, and the progress fields a client now holds.
+        last: _Seen | None = None
+        told: VideoProgress | None = None
+        announced, idle = set(), 0.0
         while True:
             job = await run_in_threadpool(svc.store.get, video_id)
             if job is None:
-                yield _event("video.deleted", VideoDeleted(id=video_id).model_dump())
+                yield _event("video.deleted", VideoDeleted(id=video_id).model_dump_json())
                 return
             for chunk in sorted(job.chunks, key=lambda c: c["index"]):
                 if chunk["index"] not in announced:
                     announced.add(chunk["index"])
                     segment = next((s["name"] for s in job.segments if s["name"] == f"{chunk['index']}.m4s"), None)
-                    yield _event("video.chunk", {"video_id": video_id, "index": chunk["index"],
-                                                 "frames": chunk["frames"], "drift": chunk["drift"],
-                                                 "url": f"/v1/videos/{video_id}/content?variant=chunk"
-                                                        f"&index={chunk['index']}",
-                                                 "segment": segment_path(video_id, segment)})
-            video = await run_in_threadpool(svc.video, job)
-            now = (job.status, job.progress, job.steps_done, job.stage, video.queue_position, len(job.warnings))
-            if now != last:
-                moved = last is not None and job.status == last[0] and job.status is not JobStatus.queued
-                kind = "video.progress" if moved else f"video.{job.status.value}"
-                yield _event(kind, video.model_dump(mode="json"))
-                last, idle = now, 0.0
+                    yield _event("video.chunk", json.dumps({
+                        "video_id": video_id, "index": chunk["index"], "frames": chunk["frames"],
+                        "drift": chunk["drift"],
+                        "url": f"/v1/videos/{video_id}/content?variant=chunk&index={chunk['index']}",
+                        "segment": segment_path(video_id, segment)}, separators=(",", ":")))
+            seen, moved = _Seen.of(job), VideoProgress.of(job, time.time())
+            if last is not None and seen.status is last.status and seen.status is not JobStatus.queued:
+                if seen != last:
+                    yield _event("video.progress", moved.changes_since(told))
+                    last, told, idle = seen, moved, 0.0
+            else:  # a new status, or a queued job's place in line: the object, with its standing
+                video = await run_in_threadpool(svc.video, job)
+                seen = dataclasses.replace(seen, queue_position=video.queue_position)
+                if seen != last:
+                    yield _event(f"video.{job.status.value}", video.model_dump_json())
+                    last, told, idle = seen, moved, 0.0
             if job.status.terminal or await request.is_disconnected():
                 return
             await asyncio.sleep(EVENT_POLL_SECONDS)
@@ -218,5 +227,21 @@ async def video_events(video_id: str, request: Request, svc: Services = Depends(
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def _event(kind: str, data: dict[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+@dataclasses.dataclass(frozen=True)
+class _Seen:
+    """What an event stream last told of a job: a change in any of it is the next event."""
+
+    status: JobStatus
+    progress: int
+    steps_done: int
+    stage: str | None
+    warnings: int
+    queue_position: int | None = None
+
+    @classmethod
+    def of(cls, job: Job) -> "_Seen":
+        return cls(job.status, job.progress, job.steps_done, job.stage, len(job.warnings))
+
+
+def _event(kind: str, data: str) -> str:
+    return f"event: {kind}\ndata: {data}\n\n"

@@ -53,7 +53,9 @@ class VideoObject(BaseModel):
                                            "before the model has run a job, and on a server with keys.")
     # Extensions: what exactly was generated, and how it went.
     warnings: list[OutputWarning] = Field(description="What looks wrong (blank, flat, frozen): in a chunk as soon as "
-                                          "it is made (`chunk` names it), in the whole video once completed.")
+                                          "it is made (`chunk` names it), in the whole video once completed; and, "
+                                          "from submission, what the request gives reason to doubt (a size or a "
+                                          "prompt the model was not trained for).")
     negative_prompt: str | None
     num_frames: int
     fps: int
@@ -114,6 +116,39 @@ class VideoObject(BaseModel):
             outputs=[r.describe(frames, p.fps, job.output_bytes.get(r.name)) for r in p.outputs],
             started_at=_unix(job.started_at), attempts=job.attempts, timings=job.timings or None,
             metadata=job.metadata)
+
+
+class VideoProgress(BaseModel):
+    """What moves while a video is made. A `video.progress` event carries `progress` and
+    `steps_done`, and the others where they changed since the stream's previous event; the whole
+    video object comes with each status change, and a client applies these fields over it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    progress: int
+    stage: str | None
+    steps_done: int
+    chunk: int = Field(description="The chunk being made, numbered from 0 as `chunks` are.")
+    estimated_denoised_at: int | None = Field(description="When denoising should end (unix time), at the pace of "
+                                              "the steps so far; null before the first step and once it is done.")
+    warnings: list[OutputWarning] = Field(description="The video's warnings so far (a chunk found blank, say).")
+
+    @classmethod
+    def of(cls, job: Job, now: float) -> "VideoProgress":
+        p = job.params
+        total = p.steps * len(p.chunk_frames)
+        estimate = None
+        if 0 < job.steps_done < total and job.started_at is not None:
+            # An end time rather than seconds left: at a steady pace it stays put, so it is seldom sent.
+            estimate = round(job.started_at + (now - job.started_at) * total / job.steps_done)
+        return cls(progress=job.progress, stage=job.stage, steps_done=job.steps_done,
+                   chunk=min(job.steps_done // p.steps, len(p.chunk_frames) - 1), estimated_denoised_at=estimate,
+                   warnings=list(job.warnings))
+
+    def changes_since(self, before: "VideoProgress") -> str:
+        """The event's data: the step and progress, and the other fields that differ from `before`."""
+        return self.model_dump_json(include={name for name in type(self).model_fields if name in ("progress",
+                                             "steps_done") or getattr(self, name) != getattr(before, name)})
 
 
 def stream_path(video_id: str) -> str:
