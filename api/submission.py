@@ -19,6 +19,7 @@ from vidserve.registry import ModelSpec, resolve, resolve_local
 from vidserve.media.renditions import OutputRequest, resolve_outputs
 from vidserve.requests import GenerationRequest, build_request, check_prompt
 from vidserve.telemetry import ANONYMOUS_LABEL
+from vidserve.vocabulary import prompt_warnings
 
 from .errors import APIError, not_found, video_expired
 from .schemas import VideoCreate, VideoExtend
@@ -40,7 +41,7 @@ def submit_video(svc: Services, caller: Caller, body: VideoCreate, image_bytes: 
     job = _job(svc, caller, spec.name, request.prompt, JobParams.of(request, seconds, outputs=outputs),
                webhook_url=body.webhook_url, webhook_events=body.webhook_events,
                metadata=body.metadata, idempotency_key=idempotency_key,
-               request_hash=request_hash)
+               request_hash=request_hash, warnings=list(request.warnings))
     if image is not None:
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
@@ -85,7 +86,7 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     params = JobParams.of(request, f"{(total - 1) / request.fps:g}", source_frames=source_frames, outputs=outputs)
     job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url,
                webhook_events=body.webhook_events, metadata=body.metadata,
-               extends_video_id=body.video.id if body.video else None)
+               extends_video_id=body.video.id if body.video else None, warnings=list(request.warnings))
     source_key = f"{job.id}/source.mp4"
     job.source_video_key = (svc.storage.copy(source_job.outputs["video"], source_key) if body.video is not None
                             else svc.storage.put_bytes(source_key, source_bytes))
@@ -98,7 +99,8 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str, priori
     the video it continues, are the source's; and its priority and renditions, unless `priority`
     and `outputs` name others."""
     check_prompt(prompt, svc.settings)
-    _check_available(svc, resolve_local(source.model))
+    spec = resolve_local(source.model)
+    _check_available(svc, spec)
     params = source.params
     if priority is not None:
         params = params.model_copy(update={"priority": priority})
@@ -110,7 +112,8 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str, priori
         raise video_expired(source)
     job = _job(svc, caller, source.model, prompt, params, webhook_url=source.webhook_url,
                webhook_events=source.webhook_events,
-                   metadata=source.metadata, remixed_from_video_id=source.id, extends_video_id=source.extends_video_id)
+                   metadata=source.metadata, remixed_from_video_id=source.id, extends_video_id=source.extends_video_id,
+               warnings=prompt_warnings(spec.understands, spec.name, prompt, params.prompts))
     if source.input_image_key:
         job.input_image_key = svc.storage.copy(source.input_image_key, f"{job.id}/input.png")
     if source.source_video_key:

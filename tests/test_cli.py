@@ -81,6 +81,7 @@ BAD_INPUTS = {
     "missing image": lambda tmp: ["--model", "wan-tiny-i2v", "--image", str(tmp / "nope.png")],
     "non-image file": lambda tmp: ["--model", "wan-tiny-i2v", "--image", non_image_file(tmp)],
     "size not a multiple of 16": lambda tmp: ["--size", "60x64"],
+    "size past the model's position table": lambda tmp: ["--model", "wan-shapes", "--size", "528x64"],
     "frames not 4k+1": lambda tmp: ["--frames", "30"],
     "fewer frames than a chunk makes": lambda tmp: ["--frames", "1"],
     "zero steps": lambda tmp: ["--steps", "0"],

@@ -84,6 +84,34 @@ def test_wan22_sizes_follow_the_16x_vae():
     assert spec.token_grid(121, 1280, 704) == (31, 22, 40)
 
 
+def test_sizes_stop_where_the_models_position_table_ends():
+    shapes = MODELS["wan-shapes"]  # 64 positions of 8 px a side
+    assert build_request(shapes, SETTINGS, "a red circle", size="512x64").width == 512
+    with pytest.raises(InvalidRequest, match="larger than wan-shapes can make") as err:
+        build_request(shapes, SETTINGS, "a red circle", size="528x64")
+    assert err.value.param == "size" and "from 16 to 512 pixels" in str(err.value)
+    with pytest.raises(InvalidRequest, match="exceeds the limit of 1280") as err:  # the server's limit is lower
+        build_request(TINY, SETTINGS, "a fox", size="1296x64")
+    assert err.value.param == "size"
+
+
+@pytest.mark.parametrize("model, size, warned", [
+    ("wan-shapes", "64x64", False), ("wan-shapes", "80x64", False), ("wan-shapes", "128x128", True),
+    ("wan-shapes", "32x32", True), ("wan-shapes", "64x128", True),
+    ("Wan2.1-T2V-1.3B", "832x480", False), ("Wan2.1-T2V-1.3B", "480x832", False), ("Wan2.1-T2V-1.3B", "256x256", True),
+    ("wan-tiny", "512x64", False),  # random weights: no size is nearer its training than another
+])
+def test_a_size_far_from_training_is_made_with_a_warning(model, size, warned):
+    def size_warnings(request):
+        return [w for w in request.warnings if w.code == "untrained_size"]
+
+    prompt = "a red circle moving left on a black background"
+    request = build_request(MODELS[model], SETTINGS, prompt, size=size)
+    assert len(size_warnings(request)) == warned
+    extension = build_request(MODELS[model], SETTINGS, prompt, size=size, image=object(), continuing=True)
+    assert size_warnings(extension) == size_warnings(request)
+
+
 def test_token_grid_of_a_480p_clip():
     assert MODELS["Wan2.1-T2V-1.3B"].token_grid(81, 832, 480) == (21, 30, 52)
 

@@ -7,6 +7,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Literal, get_args, get_origin
@@ -16,7 +17,7 @@ from pydantic.fields import FieldInfo
 
 from vidserve.config import DEVICE_PATTERN, DTYPE_NAMES, Settings, get_settings
 from vidserve.errors import InvalidRequest, VidserveError, from_validation_error
-from vidserve.media.quality import output_warnings
+from vidserve.media.quality import OutputWarning, chunk_warnings, output_warnings, video_warnings
 from vidserve.options import GenerationOptions
 
 PROG = "vidserve"
@@ -195,7 +196,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from vidserve.media.renditions import resolve_output
     from vidserve.requests import build_request
 
-    settings = _placed(_settings(args))
+    # Every argument is checked before `_placed` imports torch, so a mistake is one line at once.
+    settings = _settings(args)
     spec = resolve_local(args.model or settings.default_model)
     image = load_image(args.image, settings.max_image_pixels) if args.image else None
     adapters = LoraRegistry.from_settings(settings.lora_dirs, settings.loras, settings.lora_cache)
@@ -204,8 +206,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     outputs = [(path, resolve_output(asked, "--output", request.width, request.height, request.fps,
                                      request.num_frames, settings))
                for path, asked in _output_requests(args.output, f"vidserve-{request.seed}.mp4")]
+    _placed(settings)
     for path, _ in outputs:
         path.parent.mkdir(parents=True, exist_ok=True)
+    _warn(request.warnings)  # said before the wait: the request alone gives reason to doubt the clip
 
     from tqdm import tqdm
 
@@ -214,10 +218,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     chunks = len(request.chunk_frames)
     desc = f"{spec.name} {request.width}x{request.height}x{request.num_frames}" + (f", {chunks} chunks" if chunks > 1
                                                                                    else "")
+    # Each chunk is checked as it is made, as the API's worker does, so a blank chunk in a long
+    # video is named even where the whole video is not blank.
+    chunk_findings: list[OutputWarning] = []
     with tqdm(total=request.steps * chunks, desc=desc, unit="step", file=sys.stderr, disable=args.quiet) as bar:
         result = generate_video(request, settings.device, settings.dtype,
                                 on_step=lambda done, total: bar.update(done - bar.n), load=settings.load,
-                                adapters=adapters)
+                                adapters=adapters,
+                                on_chunk=lambda index, frames, *_: chunk_findings.extend(chunk_warnings(frames, index)))
     start = time.perf_counter()
     renderer = Renderer(result.frames, request.fps, Provenance(request.prompt, spec.name, request.seed))
     for path, rendition in outputs:
@@ -228,9 +236,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
           + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings.items()), file=sys.stderr)
     if chunks > 1:
         print(_drift_table(result.chunks), file=sys.stderr)
-    warnings = output_warnings(result.frames)
-    for warning in warnings:
-        print(f"{PROG}: warning: {warning.code}: {warning.message}", file=sys.stderr)
+    findings = video_warnings(output_warnings(result.frames), chunk_findings)
+    _warn(findings)
+    warnings = [*request.warnings, *findings]
     if args.report:
         report = {"output": str(outputs[0][0]),
                   "outputs": [{"path": str(path), **rendition.describe(request.num_frames, request.fps,
@@ -243,6 +251,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   "chunks": [{"index": c.index, "frames": c.frames, "drift": c.drift} for c in result.chunks]}
         Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def _warn(warnings: Iterable[OutputWarning]) -> None:
+    for warning in warnings:
+        print(f"{PROG}: warning: {warning.code}: {warning.message}", file=sys.stderr)
 
 
 def _drift_table(chunks) -> str:
@@ -262,6 +275,9 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
         raise VidserveError(f"{args.model} is not a built-in model; export-tiny writes one of the built-in ones")
     if Path(args.dir).exists() and any(Path(args.dir).iterdir()):
         raise VidserveError(f"{args.dir} exists and is not empty")
+    from vidserve.pipelines import quiet_libraries
+
+    quiet_libraries()  # before torch: torchao's unloadable CUDA extensions and pytree notes come with it
     import torch
 
     from vidserve.pipelines.video import VideoPipeline
@@ -296,10 +312,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vidserve.keys import KeyRing
 
     KeyRing.from_settings(settings.keys, settings.keys_file)  # a bad keys file stops here, in one line
-    from vidserve.api.serving import listen, playground_url, serve
+    try:
+        from vidserve.api.serving import listen, playground_url, serve
 
-    sock = listen(settings.host, args.port)  # a port in use stops here, in one line, before torch loads
-    serve(_placed(settings), sock, playground_url(settings.host, args.port), args.log_level)
+        sock = listen(settings.host, args.port)  # a port in use stops here, in one line, before torch loads
+        serve(_placed(settings), sock, playground_url(settings.host, args.port), args.log_level)
+    except KeyboardInterrupt:  # Ctrl-C while it loads, before the server's own handling: nothing to stop yet
+        return 130
     return 0
 
 

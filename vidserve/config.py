@@ -114,6 +114,9 @@ class Settings(BaseSettings):
                                         "length); otherwise they get 503 model_unavailable.")
     lease_seconds: float = Field(30.0, gt=0, description="A running job whose worker is silent this long is lost.")
     max_attempts: int = Field(2, ge=1, description="Runs a job gets before a worker crash fails it.")
+    shutdown_grace_seconds: float = Field(30.0, ge=0, description="How long a stopping server (its first Ctrl-C "
+                                          "or SIGTERM) lets its running job finish before it gives the job back, "
+                                          "to go on from its last finished chunk on the next start.")
     priority_aging_seconds: float = Field(600.0, gt=0, description="A job waiting this long counts one priority "
                                           "higher, so a low one is never starved by a stream of normal ones.")
     visibility_timeout: int = Field(6 * 3600, gt=0, description="Redis redelivery timeout; longer than any job.")

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from vidserve.errors import InvalidRequest, UnknownModel, echo
 from vidserve.loras import LIGHTX2V_I2V_14B_480P, LIGHTX2V_T2V_14B, PUBLIC_ADAPTERS, LoraRequest
+from vidserve.vocabulary import PromptVocabulary
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ class ModelSpec:
     text_tokens: int = 512  # prompts are padded/truncated to this many tokens, as the model was trained
     description: str = ""
     presets: tuple[tuple[str, Preset], ...] = ()  # (name, preset) pairs
+    # The prompts it understands, for a model trained on one caption pattern; None: any text (an
+    # open-vocabulary text encoder), or none in particular (random weights).
+    understands: PromptVocabulary | None = None
+    # The transformer's rotary position table (its `rope_max_seq_len`): tokens along each axis. A
+    # clip with more tokens a side than this fails in the model, so it bounds the size it can make.
+    positions: int = 1024
+    # (width, height) sizes it was trained at; sizes far from all of them come out as noise. None
+    # for random weights, which make noise at any size.
+    trained_sizes: tuple[tuple[int, int], ...] = ()
 
     def preset(self, name: str) -> Preset:
         found = dict(self.presets).get(name)
@@ -77,6 +87,24 @@ class ModelSpec:
         return max(16, self.vae_stride[1] * self.patch_size[1], self.vae_stride[2] * self.patch_size[2])
 
     @property
+    def max_side(self) -> int:
+        """The largest width or height its position table covers, a multiple of `size_multiple`."""
+        pixels_per_token = min(self.vae_stride[1] * self.patch_size[1], self.vae_stride[2] * self.patch_size[2])
+        return self.positions * pixels_per_token // self.size_multiple * self.size_multiple
+
+    def untrained_size(self, width: int, height: int) -> tuple[int, int] | None:
+        """The trained size nearest (width, height) when every trained size has a side more than
+        `TRAINED_SIDE_FACTOR` times larger or smaller than this one's; None when one is near."""
+        if not self.trained_sizes:
+            return None
+
+        def distance(trained: tuple[int, int]) -> float:  # the worst side's ratio, either way
+            return max(max(a / b, b / a) for a, b in zip((width, height), trained))
+
+        nearest = min(self.trained_sizes, key=distance)
+        return nearest if distance(nearest) > TRAINED_SIDE_FACTOR else None
+
+    @property
     def builtin(self) -> bool:
         return self.source == "builtin"
 
@@ -87,7 +115,28 @@ class ModelSpec:
         return ((num_frames - 1) // t + 1) // pt, height // h // ph, width // w // pw
 
 
+# How far a side may be from a trained size's before the size is called untrained: wan-shapes,
+# trained at 64x64, makes noise at 128x128.
+TRAINED_SIDE_FACTOR = 1.5
+
 WEIGHTS = Path(__file__).resolve().parent / "weights"  # the trained shapes-world models (training/)
+
+# The words of training/shapes_world.py's captions that wan-shapes' tokenizer knows (its other
+# words are fillers: "a", "on", "moving"...); tests/test_prompt_understanding.py checks both.
+SHAPES_CAPTIONS = PromptVocabulary(
+    examples=("a red circle moving left on a black background",
+              "a blue square bouncing and a yellow triangle standing still on a white background"),
+    colours=("red", "green", "blue", "yellow"), shapes=("circle", "square", "triangle"),
+    motions=("left", "right", "up", "down", "bouncing", "still"), backgrounds=("black", "white", "gray"),
+    synonyms=(("grey", "gray"), ("disc", "circle"), ("disk", "circle"), ("leftward", "left"), ("rightward", "right"),
+              ("upward", "up"), ("downward", "down"), ("static", "still"), ("stationary", "still"),
+              ("bounces", "bouncing")))
+# vlm-shapes' questions about a frame; it also names cyan and magenta, from its repainted frames.
+SHAPES_QUESTIONS = PromptVocabulary(
+    examples=("Describe the image.", "What colour is the circle?", "What shape is it?",
+              "What colour is the background?", "How many shapes are there?"),
+    colours=("red", "green", "blue", "yellow", "cyan", "magenta"), shapes=("circle", "square", "triangle"),
+    backgrounds=("black", "white", "gray"))
 
 _WAN21 = dict(vae_stride=(4, 8, 8), patch_size=(1, 2, 2))
 
@@ -103,14 +152,19 @@ def _distilled(*loras: LoraRequest) -> tuple[tuple[str, Preset], ...]:
     return (("distill-4step", Preset(4, 1.0, 5.0, loras,
                                      f"4 steps without CFG through lightx2v's distilled LoRA ({how})")),)
 _WAN22_5B = dict(vae_stride=(4, 16, 16), patch_size=(1, 2, 2))
+# The sizes Wan's model cards give for each checkpoint, landscape and portrait.
+_480P = ((832, 480), (480, 832))
+_720P = ((1280, 720), (720, 1280))
 
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
         ModelSpec("wan-shapes", "ti2v", str(WEIGHTS / "wan-shapes"), 64, 64, 16, 17, 2.0, default_steps=20,
                   default_guidance=4.0, continues_with="wan-shapes", vae_stride=(4, 4, 4), patch_size=(1, 2, 2),
-                  text_tokens=24, description="Wan2.2-TI2V-style model trained on the shapes world (training/): "
+                  text_tokens=24, positions=64, trained_sizes=((64, 64),),
+                  description="Wan2.2-TI2V-style model trained on the shapes world (training/): "
                   "coloured shapes moving on plain backgrounds; text or first frame to video",
+                  understands=SHAPES_CAPTIONS,
                   presets=(("draft", Preset(8, 4.0, description="8 steps instead of 20: a quick look")),
                            ("fast", Preset(4, 1.0, 2.0, (LoraRequest(name="wan-shapes-4step"),),
                                            "4 steps without guidance (one transformer call a step) through the "
@@ -125,26 +179,28 @@ MODELS: dict[str, ModelSpec] = {
                   description="Random-weight Wan2.2-style text/image-to-video (expand_timesteps)", **_WAN22_5B),
         # Wan2.1 ships no 1.3B image-to-video model; its 480p clips continue on the 14B one.
         ModelSpec("Wan2.1-T2V-1.3B", "t2v", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", 832, 480, 16, 81, 3.0,
-                  default_guidance=5.0, continues_with="Wan2.1-I2V-14B-480P", **_WAN21),
+                  default_guidance=5.0, continues_with="Wan2.1-I2V-14B-480P", trained_sizes=_480P, **_WAN21),
         ModelSpec("Wan2.1-T2V-14B", "t2v", "Wan-AI/Wan2.1-T2V-14B-Diffusers", 1280, 720, 16, 81, 5.0,
                   continues_with="Wan2.1-I2V-14B-720P", presets=_distilled(LoraRequest(name=LIGHTX2V_T2V_14B.name)),
-                  **_WAN21),
+                  trained_sizes=_720P + _480P, **_WAN21),
         ModelSpec("Wan2.1-I2V-14B-480P", "i2v", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", 832, 480, 16, 81, 3.0,
                   continues_with="Wan2.1-I2V-14B-480P",
-                  presets=_distilled(LoraRequest(name=LIGHTX2V_I2V_14B_480P.name)), **_WAN21),
+                  presets=_distilled(LoraRequest(name=LIGHTX2V_I2V_14B_480P.name)), trained_sizes=_480P, **_WAN21),
         ModelSpec("Wan2.1-I2V-14B-720P", "i2v", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", 1280, 720, 16, 81, 5.0,
                   continues_with="Wan2.1-I2V-14B-720P", presets=_distilled(LoraRequest(name="lightx2v-i2v-14b-720p")),
-                  **_WAN21),
+                  trained_sizes=_720P, **_WAN21),
         ModelSpec("Wan2.2-TI2V-5B", "ti2v", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", 1280, 704, 24, 121, 5.0,
-                  continues_with="Wan2.2-TI2V-5B", **_WAN22_5B),
+                  continues_with="Wan2.2-TI2V-5B", trained_sizes=((1280, 704), (704, 1280)), **_WAN22_5B),
         ModelSpec("Wan2.2-T2V-A14B", "t2v", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", 1280, 720, 16, 81, 12.0,
                   experts=2, boundary_ratio=0.875, default_guidance=4.0, continues_with="Wan2.2-I2V-A14B",
                   presets=_distilled(LoraRequest(name="lightning-t2v-a14b-high", target="high"),
-                                     LoraRequest(name="lightning-t2v-a14b-low", target="low")), **_WAN21),
+                                     LoraRequest(name="lightning-t2v-a14b-low", target="low")),
+                  trained_sizes=_720P + _480P, **_WAN21),
         ModelSpec("Wan2.2-I2V-A14B", "i2v", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", 1280, 720, 16, 81, 5.0,
                   experts=2, boundary_ratio=0.9, default_guidance=3.5, continues_with="Wan2.2-I2V-A14B",
                   presets=_distilled(LoraRequest(name="lightning-i2v-a14b-high", target="high"),
-                                     LoraRequest(name="lightning-i2v-a14b-low", target="low")), **_WAN21),
+                                     LoraRequest(name="lightning-i2v-a14b-low", target="low")),
+                  trained_sizes=_720P + _480P, **_WAN21),
     ]
 }
 
@@ -234,6 +290,7 @@ def spec_from_folder(path: Path) -> ModelSpec:
         boundary_ratio=index.get("boundary_ratio"),
         vae_stride=(temporal, spatial, spatial),
         patch_size=tuple(transformer.get("patch_size", (1, 2, 2))),
+        positions=transformer.get("rope_max_seq_len", 1024),  # diffusers' default
         continues_with=str(path) if kind in ("i2v", "ti2v") else base.continues_with,
         description=f"local folder ({pipeline_class})",
     )
@@ -247,6 +304,7 @@ class ChatModelSpec:
     source: str  # hub id, local folder, or "builtin"
     vision: bool
     description: str = ""
+    understands: PromptVocabulary | None = None  # as ModelSpec's: the questions it was trained on
 
     @property
     def builtin(self) -> bool:
@@ -257,7 +315,8 @@ CHAT_MODELS: dict[str, ChatModelSpec] = {
     spec.name: spec
     for spec in [
         ChatModelSpec("vlm-shapes", str(WEIGHTS / "vlm-shapes"), True,
-                      "LLaVA-style model trained on shapes-world frames (training/): captions, colours, shapes"),
+                      "LLaVA-style model trained on shapes-world frames (training/): captions, colours, shapes",
+                      SHAPES_QUESTIONS),
         ChatModelSpec("vlm-tiny", "builtin", True,
                       "Random-weight LLaVA-style model (CLIP tower, MLP projector, Llama decoder), built in code"),
         ChatModelSpec("llava-1.5-7b", "llava-hf/llava-1.5-7b-hf", True, "LLaVA-1.5 7B"),

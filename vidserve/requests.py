@@ -2,7 +2,9 @@
 
 Shared by the CLI and the API so both apply the same rules, before any model is loaded:
 `num_frames = 4*ceil(seconds*fps/4) + 1`, explicit frame counts are 4k+1 of at least
-`MIN_FRAMES`, width and height are multiples of 16 (or of the model's VAE stride x patch).
+`MIN_FRAMES`, width and height are multiples of 16 (or of the model's VAE stride x patch) and
+no larger than the model's position table covers. A size far from those the model was trained
+at is made, with a warning on the request.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from vidserve.config import Settings
 from vidserve.errors import InvalidRequest, echo, from_validation_error
 from vidserve.loras import LoraRegistry, LoraRequest
 from vidserve.media.drift import MIN_CHUNK_FRAMES
+from vidserve.media.quality import OutputWarning
 from vidserve.options import AttentionOptions, CacheOptions, GenerationOptions
 from vidserve.registry import ModelSpec
+from vidserve.vocabulary import prompt_warnings
 
 
 # The fewest frames a video may have: the smallest 4k+1 a chunk can make. An extension, which
@@ -55,6 +59,9 @@ class GenerationRequest(ResolvedOptions):
     # `image` is the last frame of a video being extended: it is not repeated in the output,
     # and num_frames counts only the new frames (a multiple of 4).
     continuing: bool = False
+    # What the request itself gives reason to doubt (a size the model was not trained at, a
+    # prompt it cannot read), known before a frame is made: the job's first warnings.
+    warnings: tuple[OutputWarning, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -130,22 +137,16 @@ def build_request(
                              param="caption_chain")
     resolved = _resolved_options(spec, settings, options, chunk_frames, adapters, continuing=False)
     return GenerationRequest(**resolved, model=spec.name, prompt=prompt, image=image, width=width, height=height,
-                             num_frames=num_frames, fps=fps, chunk_frames=chunk_frames)
+                             num_frames=num_frames, fps=fps, chunk_frames=chunk_frames,
+                             warnings=(*size_warnings(spec, width, height),
+                                       *prompt_warnings(spec.understands, spec.name, prompt, options.prompts or ())))
 
 
 def _geometry(spec: ModelSpec, settings: Settings, size: str | None, seconds: float | None, num_frames: int | None,
               fps: int | None) -> tuple[int, int, int, int]:
     """(width, height, frames, fps) of a clip, each checked against the model and the limits."""
     width, height = parse_size(size) if size else (spec.width, spec.height)
-    multiple = spec.size_multiple
-    if width <= 0 or height <= 0 or width % multiple or height % multiple:
-        raise InvalidRequest(
-            f"width and height must be positive multiples of {multiple} for {spec.name}, got {width}x{height}",
-            param="size",
-        )
-    if max(width, height) > settings.max_side:
-        raise InvalidRequest(f"size {width}x{height} exceeds the limit of {settings.max_side} pixels a side",
-                             param="size")
+    _check_size(spec, settings, width, height)
     fps = spec.fps if fps is None else fps
     if not 1 <= fps <= 60:
         raise InvalidRequest(f"fps must be between 1 and 60, got {fps}", param="fps")
@@ -166,6 +167,32 @@ def _geometry(spec: ModelSpec, settings: Settings, size: str | None, seconds: fl
         raise InvalidRequest(f"{num_frames} frames at {fps} fps exceeds the limit of {settings.max_frames} frames "
                              f"or {settings.max_seconds:g} seconds", param="num_frames")
     return width, height, num_frames, fps
+
+
+def _check_size(spec: ModelSpec, settings: Settings, width: int, height: int) -> None:
+    """Refuses a size the model cannot make, or one over the server's limit, saying what it can make."""
+    multiple, largest = spec.size_multiple, min(spec.max_side, settings.max_side)
+    can_make = f"width and height must be multiples of {multiple}, from {multiple} to {largest} pixels"
+    if spec.trained_sizes:
+        can_make += "; it was trained at " + ", ".join(f"{w}x{h}" for w, h in spec.trained_sizes)
+    if width <= 0 or height <= 0 or width % multiple or height % multiple:
+        raise InvalidRequest(f"size {width}x{height} is not one {spec.name} can make: {can_make}", param="size")
+    if max(width, height) > largest:
+        if largest == spec.max_side:
+            raise InvalidRequest(f"size {width}x{height} is larger than {spec.name} can make, as its position table "
+                                 f"covers {spec.max_side} pixels a side: {can_make}", param="size")
+        raise InvalidRequest(f"size {width}x{height} exceeds the limit of {settings.max_side} pixels a side",
+                             param="size")
+
+
+def size_warnings(spec: ModelSpec, width: int, height: int) -> tuple[OutputWarning, ...]:
+    """An `untrained_size` warning when (width, height) is far from every size the model was trained at."""
+    nearest = spec.untrained_size(width, height)
+    if nearest is None:
+        return ()
+    return (OutputWarning(code="untrained_size", message=f"{spec.name} was trained at {nearest[0]}x{nearest[1]}, "
+                          f"and {width}x{height} is far from it: expect noise or a broken picture; ask for a size "
+                          f"nearer {nearest[0]}x{nearest[1]}"),)
 
 
 def _resolved_options(spec: ModelSpec, settings: Settings, options: GenerationOptions, chunk_frames: list[int],
@@ -268,4 +295,6 @@ def _continuation(spec: ModelSpec, settings: Settings, prompt: str, options: Gen
     chunk_frames = plan_chunks(clip_frames - 1, spec.frames_per_chunk, continuing=True)
     resolved = _resolved_options(spec, settings, options, chunk_frames, adapters, continuing=True)
     return GenerationRequest(**resolved, model=spec.name, prompt=prompt, image=image, continuing=True, width=width,
-                             height=height, num_frames=clip_frames - 1, fps=fps, chunk_frames=chunk_frames)
+                             height=height, num_frames=clip_frames - 1, fps=fps, chunk_frames=chunk_frames,
+                             warnings=(*size_warnings(spec, width, height),
+                                       *prompt_warnings(spec.understands, spec.name, prompt, options.prompts or ())))

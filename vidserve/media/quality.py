@@ -35,7 +35,7 @@ TRY_AGAIN = "try another seed or prompt"
 
 
 class OutputWarning(BaseModel):
-    code: str  # blank_output, constant_output, frozen_output
+    code: str  # blank_output, constant_output, frozen_output; at submission untrained_size, prompt_not_understood
     message: str
     chunk: int | None = Field(None, description="The chunk it was found in (its `chunks[].index`); null: the whole "
                               "video.")
