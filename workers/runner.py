@@ -163,6 +163,7 @@ class JobRunner:
             timings = {**result.timings, "encode": time.perf_counter() - start}
             renditions, sizes = self._store_renditions(job, request, frames, timings)
             warnings = output_warnings(frames)
+            timings = {name: round(seconds, 4) for name, seconds in timings.items()}  # to 0.1 ms
             done = self._write(job.id, jobs.complete(self.worker_id, {**outputs, **renditions}, timings, warnings,
                                                      output_ttl=self.settings.output_ttl, attention=result.attention,
                                                      output_bytes=sizes))
