@@ -8,9 +8,9 @@ import signal
 import subprocess
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from polling import eventually
 from servers import Server
+from test_crash_safety import denoise_steps
 
 from vidserve.jobs import Job, JobStatus
 from vidserve.jobs.store_sqlite import SQLiteJobStore
@@ -52,12 +52,6 @@ def stored(server: Server, video_id: str) -> Job:
 
 def lines_naming(server: Server, video_id: str) -> list[str]:
     return [line for line in server.log.read_text(errors="replace").splitlines() if video_id in line]
-
-
-def denoise_steps(url: str) -> float:
-    metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    return next(sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
-                if sample.name == "vidserve_denoise_step_seconds_count" and sample.labels == {"model": "wan-tiny"})
 
 
 def exit_code(server: Server) -> int:
