@@ -13,6 +13,7 @@ from vidserve.ratelimit import OpenStreams
 from . import errors, openapi
 from .auth import KeyRateLimit
 from .body_limit import BodyLimit
+from .protocol.errors import errors as error_responses
 from .routers import chat, health, loras, metrics, models, playground, realtime, streams, videos
 from .services import Services, build_services
 
@@ -29,14 +30,18 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         finally:
             services.stop()
 
-    app = FastAPI(title="vidserve", version=__version__, lifespan=lifespan)
+    # Every route caps its body, chunked or not (413).
+    app = FastAPI(title="vidserve", version=__version__, lifespan=lifespan, responses=error_responses(413))
     app.state.services = services
     errors.install(app)
     openapi.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(KeyRateLimit, services=services)  # added last: the outermost, so it answers first
     app.state.streams = OpenStreams()
-    for router in (videos.router, streams.router, realtime.router, chat.router, models.router, loras.router, health.router, metrics.router,
-                   playground.router):
+    # Any /v1 route may refuse a query, a key or its rate, and may find the store or the storage down;
+    # each route lists what else it answers.
+    for router in (videos.router, streams.router, realtime.router, chat.router, models.router, loras.router):
+        app.include_router(router, responses=error_responses(400, 401, 429, 500, 503))
+    for router in (health.router, metrics.router, playground.router):
         app.include_router(router)
     return app

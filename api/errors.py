@@ -15,7 +15,7 @@ from vidserve.jobs import Job
 from vidserve.jobs.outages import STORE_UNAVAILABLE
 from vidserve.storage import StorageUnavailable
 
-from .responses import ErrorDetail, ErrorResponse
+from .protocol.errors import ErrorDetail, ErrorResponse
 from .services import services
 
 log = logging.getLogger("vidserve.api")

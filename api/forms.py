@@ -19,7 +19,7 @@ from vidserve.errors import ECHO_CHARS, echo, from_validation_error
 from vidserve.media import decode_data_url
 
 from .errors import APIError
-from .schemas import VideoCreate, VideoExtend
+from .protocol.videos import VideoCreate, VideoExtend
 
 
 def _structured_fields(*models: type[BaseModel]) -> frozenset[str]:

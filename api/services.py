@@ -11,9 +11,10 @@ from fastapi import Request
 
 from vidserve.config import Settings
 from vidserve.errors import ModelUnavailable
+from vidserve.jobs.events import JobEvents
 from vidserve.jobs.expiry import ExpirySweeper
 from vidserve.jobs import Job, JobStatus, JobStore
-from vidserve.jobs.standing import Standing
+from vidserve.jobs.place_in_line import PlaceInLine
 from vidserve.jobs.video_object import VideoObject
 from vidserve.keys import KeyRing
 from vidserve.loras import LoraRegistry
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # torch loads only where chat is on
 class JobQueue(Protocol):
     def start(self) -> None: ...
     def submit(self, job: Job) -> None: ...
-    def standings(self, model: str) -> dict[str, Standing]: ...
+    def places_in_line(self, model: str) -> dict[str, PlaceInLine]: ...
     def stop(self) -> None: ...
     @property
     def alive(self) -> bool: ...
@@ -53,6 +54,7 @@ class Services:
     limiter: RateLimiter = field(default_factory=LocalRateLimiter)
     sweeper: ExpirySweeper | None = None  # None: one on this store and storage
     stream_tokens: StreamTokens | None = None  # None: the settings' (made only on a server with keys)
+    events: JobEvents | None = None  # None: one on this store and queue, what every stream of this process follows
     _metrics_listener: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -65,22 +67,26 @@ class Services:
             self.sweeper = ExpirySweeper(self.store, self.storage, self.settings.expiry_sweep_seconds)
         if self.stream_tokens is None and self.keyring.enabled:
             self.stream_tokens = stream_tokens(self.settings)
+        if self.events is None:
+            # The queue's line looked up when read: a queue that keeps none (a benchmark's) is never asked.
+            self.events = JobEvents(self.store, lambda model: self.queue.places_in_line(model),
+                                    self.settings.event_keepalive_seconds)
 
-    def video(self, job: Job, standings: dict[str, Standing] | None = None) -> VideoObject:
+    def video(self, job: Job, places_in_line: dict[str, PlaceInLine] | None = None) -> VideoObject:
         """The video object as this API answers with it: on a server with keys, its stream URL signed;
-        queued, where it stands (from `standings`, the queue's for its model, when a caller has them)."""
-        standing = None
+        queued, where it stands (from `places_in_line`, the queue's for its model, when a caller has them)."""
+        place = None
         if job.status is JobStatus.queued:
-            standing = (self.queue.standings(job.model) if standings is None else standings).get(job.id)
+            place = (self.queue.places_in_line(job.model) if places_in_line is None else places_in_line).get(job.id)
         # Signed for the owner's key, so its links stop when that key is removed (a video made before the
         # server had keys has no owner: its link carries no token, and an admin's header plays it).
         token = self.stream_tokens.sign(job.id, job.owner) if self.keyring.enabled and job.owner else None
-        return VideoObject.of(job, token, standing)
+        return VideoObject.of(job, token, place)
 
     def videos(self, page: list[Job]) -> list[VideoObject]:
         """Video objects of many jobs, each model's line read once."""
         models = {job.model for job in page if job.status is JobStatus.queued}
-        lines = {model: self.queue.standings(model) for model in models}
+        lines = {model: self.queue.places_in_line(model) for model in models}
         return [self.video(job, lines.get(job.model)) for job in page]
 
     def unavailable(self, spec: ModelSpec) -> str | None:
@@ -115,6 +121,7 @@ class Services:
         if self.chat is not None:
             self.chat.stop()
         self.webhooks.close(timeout=5)
+        self.events.close()  # its subscription, before the store closes under it
         self.store.close()
 
 

@@ -8,6 +8,7 @@ import io
 from PIL import Image
 
 from vidserve.jobs import AdmissionLimits, Job, JobStatus, QuotaExceeded
+from vidserve.jobs.files import JobFiles
 from vidserve.keys import Caller
 from vidserve.config import Settings
 from vidserve.media import VideoInfo, load_image, probe_video, read_last_frame
@@ -17,12 +18,12 @@ from vidserve.params import JobParams
 from vidserve.priorities import Priority, allows
 from vidserve.registry import ModelSpec, resolve, resolve_local
 from vidserve.media.renditions import OutputRequest, resolve_outputs
-from vidserve.requests import GenerationRequest, build_request, check_prompt
+from vidserve.video_request import GenerationRequest, build_request, check_prompt
 from vidserve.telemetry import ANONYMOUS_LABEL
 from vidserve.vocabulary import prompt_warnings
 
 from .errors import APIError, not_found, video_expired
-from .schemas import VideoCreate, VideoExtend
+from .protocol.videos import VideoCreate, VideoExtend
 from .services import Services
 
 
@@ -45,7 +46,7 @@ def submit_video(svc: Services, caller: Caller, body: VideoCreate, image_bytes: 
     if image is not None:
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
-        job.input_image_key = svc.storage.put_bytes(f"{job.id}/input.png", buffer.getvalue())
+        job.input_image_key = svc.storage.put_bytes(JobFiles(job.id).input_image, buffer.getvalue())
     return _enqueue(svc, caller, job)
 
 
@@ -87,7 +88,7 @@ def submit_extension(svc: Services, caller: Caller, body: VideoExtend, upload: b
     job = _job(svc, caller, spec.name, request.prompt, params, webhook_url=body.webhook_url,
                webhook_events=body.webhook_events, metadata=body.metadata,
                extends_video_id=body.video.id if body.video else None, warnings=list(request.warnings))
-    source_key = f"{job.id}/source.mp4"
+    source_key = JobFiles(job.id).source_video
     job.source_video_key = (svc.storage.copy(source_job.outputs["video"], source_key) if body.video is not None
                             else svc.storage.put_bytes(source_key, source_bytes))
     return _enqueue(svc, caller, job)
@@ -115,9 +116,9 @@ def submit_remix(svc: Services, caller: Caller, source: Job, prompt: str, priori
                    metadata=source.metadata, remixed_from_video_id=source.id, extends_video_id=source.extends_video_id,
                warnings=prompt_warnings(spec.understands, spec.name, prompt, params.prompts))
     if source.input_image_key:
-        job.input_image_key = svc.storage.copy(source.input_image_key, f"{job.id}/input.png")
+        job.input_image_key = svc.storage.copy(source.input_image_key, JobFiles(job.id).input_image)
     if source.source_video_key:
-        job.source_video_key = svc.storage.copy(source.source_video_key, f"{job.id}/source.mp4")
+        job.source_video_key = svc.storage.copy(source.source_video_key, JobFiles(job.id).source_video)
     return _enqueue(svc, caller, job)
 
 
@@ -172,11 +173,11 @@ def _enqueue(svc: Services, caller: Caller, job: Job) -> Job:
     try:
         stored, created = svc.store.create(job, limits)
     except QuotaExceeded as refused:
-        svc.storage.delete_prefix(f"{job.id}/")  # its first frame or source video, stored for a job that never was
+        svc.storage.delete_prefix(JobFiles(job.id).prefix)  # its first frame or source video, stored for a job that never was
         _reject(svc, caller, refused.limit)
         raise _quota_error(caller, refused) from None
     if not created:  # an Idempotency-Key retry: the job already exists
-        svc.storage.delete_prefix(f"{job.id}/")
+        svc.storage.delete_prefix(JobFiles(job.id).prefix)
         if stored.request_hash != job.request_hash:
             raise APIError(422, "this Idempotency-Key was already used with a different request body",
                            param="Idempotency-Key", code="idempotency_key_reused")

@@ -142,7 +142,7 @@ def direct_job_fn(tmp: Path):
     from vidserve.pipelines.video import get_pipeline
     from vidserve.registry import resolve
     from vidserve.options import GenerationOptions
-    from vidserve.requests import build_request
+    from vidserve.video_request import build_request
 
     spec = resolve(JOB["model"])
     pipe = get_pipeline(spec, "cpu", "float32")  # loaded once, outside the timings, as a server holds it

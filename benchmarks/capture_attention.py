@@ -28,7 +28,7 @@ import torch
 from vidserve.config import Settings
 from vidserve.options import GenerationOptions
 from vidserve.registry import resolve
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 MODEL = "wan-shapes"
 PROMPT = "a red circle moving right on a blue background"

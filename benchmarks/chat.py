@@ -207,7 +207,8 @@ def engine_steps(folder: Path, model, concurrency: int, context: int, steps: int
     engine = LLMEngine(chat, prefix_cache=False)
     for i in range(concurrency):  # prompts of `context` distinct tokens, decoding for good
         engine.submit(chat.encode(messages(chr(65 + i) * (context - 3)), []),
-                      SamplingParams(10 * steps, seed=i, ignore_eos=True, repetition=RepetitionOptions(enabled=False)))
+                      SamplingParams(max_tokens=10 * steps, seed=i, ignore_eos=True,
+                                     repetition_detection=RepetitionOptions(enabled=False)))
     start = time.perf_counter()
     engine.step()  # the prefill
     prefill_ms = (time.perf_counter() - start) * 1000 / (concurrency * context)

@@ -224,7 +224,7 @@ def main() -> None:
     from vidserve.pipelines.video import get_pipeline
     from vidserve.registry import resolve_local
     from vidserve.options import GenerationOptions
-    from vidserve.requests import build_request
+    from vidserve.video_request import build_request
 
     load_before = os.getloadavg()[0]  # before this process loads the box itself
     tmp = tempfile.TemporaryDirectory(prefix="vidserve-e2e-")

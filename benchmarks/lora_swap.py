@@ -26,7 +26,7 @@ from vidserve.loras import LoraRegistry
 from vidserve.pipelines.video import VideoPipeline
 from vidserve.registry import resolve_local
 from vidserve.options import GenerationOptions
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 
 def timed(pipeline: VideoPipeline, request, registry) -> tuple[float, list]:

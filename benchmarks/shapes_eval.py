@@ -71,7 +71,7 @@ from vidserve.pipelines.chain import generate_video  # noqa: E402
 from vidserve.pipelines.video import get_pipeline  # noqa: E402
 from vidserve.registry import resolve  # noqa: E402
 from vidserve.options import GenerationOptions  # noqa: E402
-from vidserve.requests import build_request  # noqa: E402
+from vidserve.video_request import build_request  # noqa: E402
 
 MODEL, CHAT_MODEL = "wan-shapes", "vlm-shapes"
 SEED = 2026  # the eval set: never a training seed

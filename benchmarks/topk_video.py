@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from vidserve.options import GenerationOptions
-    from vidserve.requests import build_request
+    from vidserve.video_request import build_request
 
     spec = resolve("wan-tiny")
     pipeline = get_pipeline(spec, "cpu", "float32")

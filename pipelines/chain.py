@@ -24,7 +24,7 @@ from vidserve.media.drift import Anchor, ChainState, DriftMetrics, chain
 from vidserve.loras import LoraRegistry
 from vidserve.options import LoadOptions
 from vidserve.registry import resolve_local
-from vidserve.requests import GenerationRequest
+from vidserve.video_request import GenerationRequest
 
 from .loras import LoraEvent
 from .video import StepCallback, VideoPipeline, get_pipeline

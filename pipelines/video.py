@@ -25,7 +25,7 @@ from PIL import Image, ImageOps
 from vidserve.loras import LoraRegistry
 from vidserve.options import LoadOptions
 from vidserve.registry import SERVING_FILE, ModelSpec
-from vidserve.requests import GenerationRequest
+from vidserve.video_request import GenerationRequest
 
 from .attention import SparseAttention
 from .devices import placement

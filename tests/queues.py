@@ -3,7 +3,7 @@ it records the ids it was given, in order, and stands them in line in that order
 
 from __future__ import annotations
 
-from vidserve.jobs.standing import Standing
+from vidserve.jobs.place_in_line import PlaceInLine
 
 
 class IdleQueue:
@@ -21,7 +21,7 @@ class IdleQueue:
         self.submitted.append(job.id)
         self._models[job.id] = job.model
 
-    def standings(self, model: str) -> dict[str, Standing]:
+    def places_in_line(self, model: str) -> dict[str, PlaceInLine]:
         """The jobs of `model` it was given, in the order given, with no estimate: a line that never moves."""
         line = [job_id for job_id in self.submitted if self._models[job_id] == model]
-        return {job_id: Standing(position, None) for position, job_id in enumerate(line, 1)}
+        return {job_id: PlaceInLine(position, None) for position, job_id in enumerate(line, 1)}

@@ -13,7 +13,7 @@ from vidserve.pipelines.tiny import build_tiny_pipeline
 from vidserve.pipelines.video import VideoPipeline, get_pipeline
 from vidserve.registry import resolve
 from vidserve.options import GenerationOptions
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 
 def frames(pipeline, attention, size="128x128", num_frames=33, steps=3, model="wan-tiny"):

@@ -139,7 +139,8 @@ def test_a_burst_from_two_keys_shares_blocks_only_within_each_key():
     engine = LLMEngine(model)
     prompt = model.encode([{"role": "system", "content": BRIEF}, {"role": "user", "content": "Hi"}], [])
     params = {salt: SamplingParams(max_tokens=4, seed=0, ignore_eos=True, cache_salt=salt,
-                                   repetition=RepetitionOptions(enabled=False)) for salt in (b"key:a", b"key:b")}
+                                   repetition_detection=RepetitionOptions(enabled=False))
+              for salt in (b"key:a", b"key:b")}
     a, b = ([engine.submit(prompt, params[salt]) for _ in range(2)] for salt in params)
     while not all(seq.output_ids for seq in a + b):
         engine.step()

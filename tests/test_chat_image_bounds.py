@@ -17,7 +17,7 @@ from PIL import Image
 from polling import eventually
 from transformers import CLIPImageProcessorPil, LlavaNextImageProcessorPil, Qwen2VLImageProcessorPil
 
-from vidserve.chat import data_url, to_model_messages
+from vidserve.chat import Message, data_url, to_model_messages
 from vidserve.errors import InvalidRequest
 from vidserve.pipelines.llm.vision_size import processed_size
 
@@ -130,8 +130,8 @@ def test_the_scaled_size_is_the_largest_array_the_processor_makes(monkeypatch, p
 @pytest.mark.parametrize("size", [(1280, 16), (16, 1280)], ids=["wide", "tall"])
 def test_an_elongated_video_frame_is_padded_to_an_image_chat_takes(size):
     frame = Image.new("RGB", size, (255, 255, 255))
-    _, [image] = to_model_messages([{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(frame)}}]}], max_pixels=2**31, max_bytes=2**31,
+    _, [image] = to_model_messages([Message.model_validate({"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(frame)}}]})], max_pixels=2**31, max_bytes=2**31,
         remote_images=False)
     width, height = image.image.size
     assert sorted((width, height)) == [64, 1280]

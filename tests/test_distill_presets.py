@@ -18,7 +18,7 @@ from vidserve.errors import InvalidRequest
 from vidserve.loras import PUBLIC_ADAPTERS, LoraRegistry, LoraRequest
 from vidserve.options import GenerationOptions
 from vidserve.registry import MODELS
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 T2V_FILE = "Wan21_T2V_14B_lightx2v_cfg_step_distill_lora_rank64.safetensors"
 I2V_FILE = "Wan21_I2V_14B_lightx2v_cfg_step_distill_lora_rank64.safetensors"

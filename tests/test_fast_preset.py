@@ -18,7 +18,7 @@ from vidserve.options import GenerationOptions
 from vidserve.pipelines.chain import generate_video
 from vidserve.pipelines.video import get_pipeline
 from vidserve.registry import resolve
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a red circle moving right on a white background"

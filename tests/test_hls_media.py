@@ -92,7 +92,7 @@ def test_a_prompt_update_applies_from_the_chunk_after_the_one_under_way():
     jobs.update_prompt("second")(job)
     jobs.chunk_started("w", 1)(job)
     jobs.update_prompt("third")(job)
-    assert [u["from_chunk"] for u in job.prompt_updates] == [0, 1, 2]
+    assert [u.from_chunk for u in job.prompt_updates] == [0, 1, 2]
     assert [jobs.steered_prompt(job, i) for i in range(3)] == ["before any chunk", "second", "third"]
 
 

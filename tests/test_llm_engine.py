@@ -45,7 +45,7 @@ def image_prompt(model, colour=(200, 30, 30)):
 
 
 def params(**kw) -> SamplingParams:
-    return SamplingParams(**{"max_tokens": 24, "seed": 0, "repetition": NO_LOOP_CHECK, **kw})
+    return SamplingParams(**{"max_tokens": 24, "seed": 0, "repetition_detection": NO_LOOP_CHECK, **kw})
 
 
 def collect(seqs_outputs):
@@ -244,14 +244,14 @@ def test_a_repeated_token_stops_at_the_threshold(engine, model, force_token):
     text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=50, seed=0))
     assert (text, out.finish_reason, out.stop_reason, out.completion_tokens) == ("SSSS", "stop", "repetition", 4)
     custom = RepetitionOptions(token_repeats=7)
-    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=50, repetition=custom))
+    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=50, repetition_detection=custom))
     assert (text, out.stop_reason) == ("S" * 7, "repetition")
 
 
 @pytest.mark.parametrize("repetition", [RepetitionOptions(), NO_LOOP_CHECK], ids=["exempt-token", "detection-off"])
 def test_exempt_tokens_and_detection_off_let_it_continue(engine, model, force_token, repetition):
     force_token(model, "-" if repetition.enabled else "S")
-    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=30, repetition=repetition))
+    text, out = engine.generate(text_prompt(model), SamplingParams(max_tokens=30, repetition_detection=repetition))
     assert out.finish_reason == "length" and out.stop_reason is None
     assert len(text) == 30
 
@@ -353,8 +353,8 @@ def test_fifty_constrained_generations_with_loop_detection_stop_only_when_valid(
         grammar = engine.grammars.compile({"type": "json_object"} if schema is None else json_schema(schema))
         for seed in range(10):
             outputs[schema_index, seed] = []
-            engine.submit(prompt, SamplingParams(max_tokens=64, seed=seed, repetition=repetition), grammar,
-                          on_output=outputs[schema_index, seed].append)
+            engine.submit(prompt, SamplingParams(max_tokens=64, seed=seed, repetition_detection=repetition),
+                          grammar, on_output=outputs[schema_index, seed].append)
     engine.start()  # all fifty queued first: they decode in batches of 16
     try:
         eventually(lambda: all(outs and outs[-1].finished for outs in outputs.values()), timeout=300,
@@ -373,8 +373,8 @@ def test_fifty_constrained_generations_with_loop_detection_stop_only_when_valid(
         for schema_index, seed in closed[:3]:  # a closed answer is the same alone as batched
             schema = CLOSING_SCHEMAS[schema_index]
             grammar = engine.grammars.compile({"type": "json_object"} if schema is None else json_schema(schema))
-            solo, _ = engine.generate(prompt, SamplingParams(max_tokens=64, seed=seed, repetition=repetition),
-                                      grammar)
+            solo, _ = engine.generate(
+                prompt, SamplingParams(max_tokens=64, seed=seed, repetition_detection=repetition), grammar)
             assert solo == texts[schema_index, seed]
     finally:
         engine.stop()

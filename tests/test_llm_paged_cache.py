@@ -29,7 +29,7 @@ def model() -> ChatModel:
 
 def params(**kw) -> SamplingParams:
     return SamplingParams(**{"max_tokens": 16, "seed": 0, "ignore_eos": True,
-                             "repetition": RepetitionOptions(enabled=False), **kw})
+                             "repetition_detection": RepetitionOptions(enabled=False), **kw})
 
 
 def picture(colour) -> ChatImage:

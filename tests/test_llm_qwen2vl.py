@@ -19,7 +19,7 @@ from vidserve.registry import resolve_chat
 
 from tiny_qwen2vl import build_tiny_qwen2vl
 
-GREEDY = dict(temperature=0, repetition=RepetitionOptions(enabled=False))
+GREEDY = dict(temperature=0, repetition_detection=RepetitionOptions(enabled=False))
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def reference(model: ChatModel, messages, images, max_tokens: int) -> list[int]:
 
 
 def run(engine: LLMEngine, prompt, max_tokens: int):
-    return engine.submit(prompt, SamplingParams(max_tokens, **GREEDY))
+    return engine.submit(prompt, SamplingParams(max_tokens=max_tokens, **GREEDY))
 
 
 def finish(engine: LLMEngine, seqs) -> None:

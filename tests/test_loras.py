@@ -21,7 +21,7 @@ from vidserve.params import JobParams
 from vidserve.pipelines.video import VideoPipeline
 from vidserve.registry import MODELS, spec_from_folder
 from vidserve.options import GenerationOptions
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 from vidserve.storage import LocalStorage
 from vidserve.workers.runner import JobRunner
 

@@ -33,7 +33,8 @@ from vidserve.pipelines import chain
 from vidserve.storage import LocalStorage, Storage, StorageUnavailable
 from vidserve.storage.s3 import _s3_errors
 from vidserve.workers.embedded import EmbeddedQueue
-from vidserve.workers.runner import JobRunner, recover_lost_jobs
+from vidserve.workers.lease import recover_lost_jobs
+from vidserve.workers.runner import JobRunner
 
 
 class SwitchedStorage(Storage):

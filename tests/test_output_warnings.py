@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vidserve.config import Settings
-from vidserve.jobs import Job, JobStatus
+from vidserve.jobs import ChunkDrift, ChunkRecord, Job, JobStatus
 from vidserve.jobs.video_object import VideoObject
 from vidserve.media import encode_mp4
 from vidserve.params import JobParams
@@ -22,7 +22,7 @@ from vidserve.pipelines import chain
 from vidserve.media.quality import chunk_warnings, output_warnings
 from vidserve.registry import resolve
 from vidserve.options import GenerationOptions
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 FRAMES, SIDE = 33, 64
 
@@ -188,8 +188,9 @@ def test_the_playground_shows_a_videos_warnings(tmp_path):
 
 def test_the_playground_flags_the_chunk_a_warning_names(tmp_path):
     def second_chunk_blank(job, frames):
-        drift = {"luma_change": 0.0, "sharpness_ratio": 1.0, "histogram_distance": 0.0}
-        job.chunks = [{"index": i, "frames": 33 - i, "key": f"{job.id}/chunk-{i}.mp4", "drift": drift} for i in (0, 1)]
+        drift = ChunkDrift(mean_luma=0.0, channel_mean=(0, 0, 0), channel_std=(0, 0, 0), histogram_distance=0.0,
+                           sharpness=0.0, luma_change=0.0, sharpness_ratio=1.0)
+        job.chunks = [ChunkRecord(index=i, frames=33 - i, key=f"{job.id}/chunk-{i}.mp4", drift=drift) for i in (0, 1)]
         job.warnings = chunk_warnings(frames[:32], 1)
 
     with playground_with_one_job(tmp_path, second_chunk_blank) as page:

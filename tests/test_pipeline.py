@@ -10,7 +10,7 @@ from vidserve.errors import JobCancelled
 from vidserve.pipelines.video import VideoPipeline, get_pipeline
 from vidserve.registry import resolve, spec_from_folder
 from vidserve.options import GenerationOptions
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 SETTINGS = Settings()
 

@@ -1,9 +1,10 @@
-"""README.md's examples are true: every ```bash, ```sh and ```python block in it runs, in
-order, against a real server, unless the line above it says `<!-- not run: REASON -->`.
+"""The examples of README.md and of the docs/ pages are true: every ```bash, ```sh and ```python
+block in them runs, in order (the README's, then each page's by name), against a real server,
+unless the line above it says `<!-- not run: REASON -->`.
 
 The blocks run as the README says (commands from the virtualenv on PATH, `examples/` beside
-them, the server at VIDSERVE_URL) in a temporary directory, with the README's own switch to
-fast settings: VIDSERVE_DEFAULT_MODEL=wan-tiny-ti2v, a random-weight model that takes an
+them, the server at VIDSERVE_URL) in a temporary directory, with the switch to fast settings
+that docs/videos.md describes: VIDSERVE_DEFAULT_MODEL=wan-tiny-ti2v, a random-weight model that takes an
 image like wan-shapes does. The chat examples get the real vlm-shapes, the server's default.
 """
 
@@ -27,12 +28,15 @@ from servers import Server
 from vidserve.media import read_video
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# Every page whose examples run: the README, then the docs site's pages.
+PAGES = {path.relative_to(ROOT).as_posix(): path.read_text()
+         for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 BLOCK = re.compile(r"^(?:<!-- not run: (?P<reason>.*?) -->\n)?```(?P<lang>bash|sh|python)\n(?P<code>.*?)^```$",
                    re.M | re.S)
 RUN = {"bash": ["bash", "-e", "-c"], "sh": ["sh", "-e", "-c"], "python": [sys.executable, "-c"]}
 FAST = {"VIDSERVE_DEFAULT_MODEL": "wan-tiny-ti2v"}
-BLOCKS = [pytest.param(m, id=f"README.md:{README.count(chr(10), 0, m.start('lang')) + 1}") for m in BLOCK.finditer(README)]
+BLOCKS = [pytest.param(m, id=f"{page}:{text.count(chr(10), 0, m.start('lang')) + 1}")
+          for page, text in PAGES.items() for m in BLOCK.finditer(text)]
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +57,14 @@ def sandbox(tmp_path_factory):
 
 def test_markers_sit_on_blocks():
     """A marker anywhere but just above a block would silently run nothing, or everything."""
-    marked = [b for b in BLOCKS if b.values[0]["reason"] is not None]
-    assert README.count("<!-- not run") == len(marked) and len(BLOCKS) - len(marked) >= 3
+    for page, text in PAGES.items():
+        marked = [b for b in BLOCK.finditer(text) if b["reason"] is not None]
+        assert text.count("<!-- not run") == len(marked), page
+    assert sum(b.values[0]["reason"] is None for b in BLOCKS) >= 3
 
 
 def test_each_checked_example_is_one_block_that_runs():
-    """A README edit that moved or marked a checked example would silently drop its check."""
+    """An edit that moved or marked a checked example would silently drop its check."""
     for marker in CHECKS:
         holding = [b.values[0] for b in BLOCKS if marker in b.values[0]["code"]]
         assert len(holding) == 1 and holding[0]["reason"] is None, marker
@@ -135,7 +141,7 @@ def assert_git_status_stays_clean(work: Path) -> None:
     tracked = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "--verbose", "--non-matching",
                               *map(str, written)], capture_output=True, text=True).stdout.splitlines()
     shown = [line.split("\t")[-1] for line in tracked if line.startswith("::")]  # "::\tPATH": no ignore rule matched
-    assert not shown, f"the README's examples leave files that git status shows: {shown}"
+    assert not shown, f"the examples leave files that git status shows: {shown}"
     assert all(path.suffix for path in written), [str(path) for path in written if not path.suffix]
 
 

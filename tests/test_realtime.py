@@ -309,20 +309,27 @@ def test_prompt_updates_are_capped_in_count_and_size_and_the_session_goes_on(tmp
     assert over["code"] == "too_many_prompt_updates" and over["param"] == "prompt", over
     assert "VIDSERVE_REALTIME_MAX_PROMPT_UPDATES" in over["message"]
     assert stopping["type"] == "session.stopping"
-    assert [u["prompt"] for u in updates] == ["update 0", "update 1", "update 2"]
+    assert [u.prompt for u in updates] == ["update 0", "update 1", "update 2"]
 
 
 def test_a_failure_in_the_server_closes_the_socket_with_1011_and_cancels_the_video(tmp_path):
     services = idle_services(tmp_path)
+    video_object, looks = services.video, []
+
+    def broken(job, places_in_line=None):
+        looks.append(job.id)
+        if len(looks) > 1:
+            raise RuntimeError("a bug in the video object")
+        return video_object(job, places_in_line)
+
+    # `video.created` is made; the session's next look at its waiting video fails. Broken before the
+    # session starts: a waiting session looks again only when its place in line moves, which it never
+    # does here, so a look made before the test could break it would be the last.
+    services.video = broken
     with app_client(tmp_path, services) as (client, _):
         with client.websocket_connect("/v1/realtime/video") as ws:
             ws.send_text(json.dumps({"type": "session.create", **TINY, "prompt": "doomed", "seconds": 2}))
             video_id = reply(ws)["video"]["id"]
-
-            def broken(job, standings=None):
-                raise RuntimeError("a bug in the video object")
-
-            services.video = broken  # the session's next look at its waiting video fails
             with pytest.raises(WebSocketDisconnect) as closed:
                 while True:
                     ws.receive_text()

@@ -17,7 +17,8 @@ from vidserve.media import read_video_bytes
 from vidserve.media.drift import Anchor, ChainState, chain
 from vidserve.params import JobParams
 from vidserve.storage import LocalStorage
-from vidserve.workers.runner import JobRunner, recover_lost_jobs
+from vidserve.workers.lease import recover_lost_jobs
+from vidserve.workers.runner import JobRunner
 
 PLAN = [6, 6, 6, 6]
 
@@ -72,7 +73,7 @@ class Watched(SQLiteJobStore):
 
     def update(self, job_id, change):
         job = super().update(job_id, change)
-        self.seen.append([s["name"] for s in job.segments])
+        self.seen.append([s.name for s in job.segments])
         if len(job.chunks) == self.lose_worker_after:
             self.lose_worker_after = None
             super().update(job_id, _lease_lapsed)
@@ -133,15 +134,15 @@ def video_frames(storage, job: Job) -> np.ndarray:
 
 def test_a_rerun_goes_on_from_the_last_recorded_chunk_and_makes_the_same_video(tmp_path, files, uninterrupted):
     store, queued = interrupted(tmp_path, files, after_chunks=2)
-    kept = [dict(s) for s in queued.segments]
+    kept = list(queued.segments)
     rerun = runner_for(store, files, tmp_path, "second")
     final = rerun.run(queued.id)
     assert (final.status, final.attempts) == (JobStatus.completed, 2)
     assert steps_run(rerun) == STEPS * 1  # only the third chunk was made again
-    assert final.segments[:2] == kept and [s["name"] for s in final.segments] == ["0.m4s", "1.m4s", "2.m4s"]
+    assert final.segments[:2] == kept and [s.name for s in final.segments] == ["0.m4s", "1.m4s", "2.m4s"]
     whole, whole_storage = uninterrupted
     np.testing.assert_array_equal(video_frames(files, final), video_frames(whole_storage, whole))
-    assert [c["drift"] for c in final.chunks] == [c["drift"] for c in whole.chunks]
+    assert [c.drift for c in final.chunks] == [c.drift for c in whole.chunks]
     assert not files.exists(f"{final.id}/chain/0.npz")  # a completed job's states are gone
 
 
@@ -174,4 +175,4 @@ def test_with_no_state_readable_a_rerun_starts_over_in_place(tmp_path, files):
     assert (final.status, final.attempts) == (JobStatus.completed, 2)
     assert steps_run(rerun) == STEPS * 3
     assert all(names[:2] == ["0.m4s", "1.m4s"] for names in store.seen)  # remade in their places
-    assert [s["name"] for s in final.segments] == ["0.m4s", "1.m4s", "2.m4s"]
+    assert [s.name for s in final.segments] == ["0.m4s", "1.m4s", "2.m4s"]

@@ -176,7 +176,7 @@ def test_the_video_says_which_attention_ran(runner, attention, effective):
 
 def test_a_one_chunk_video_is_stored_once_as_the_video(runner, tmp_path):
     final = runner.run(queued(runner).id)
-    assert [chunk["key"] for chunk in final.chunks] == [final.outputs["video"]] == [f"{final.id}/video.mp4"]
+    assert [chunk.key for chunk in final.chunks] == [final.outputs["video"]] == [f"{final.id}/video.mp4"]
     assert sorted(p.name for p in (tmp_path / "files" / final.id).iterdir()) == ["spritesheet.jpg", "stream",
                                                                             "thumbnail.webp", "video.mp4"]
     # Its stream: the init segment and the one chunk's segment, nothing else.

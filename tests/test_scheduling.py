@@ -24,7 +24,7 @@ from stores import RedisServer
 from vidserve import jobs as jobs_
 from vidserve.api.services import Services
 from vidserve.jobs import Job
-from vidserve.jobs.standing import InLine, Running, Standing, standings
+from vidserve.jobs.place_in_line import InLine, PlaceInLine, Running, places_in_line
 from vidserve.jobs.store_redis import RedisJobStore
 from vidserve.keys import key_digest
 from vidserve.params import JobParams
@@ -114,18 +114,18 @@ def test_within_a_key_priority_with_aging_orders_its_jobs_but_across_keys_it_onl
 
 def test_estimates_play_the_line_forward_from_the_running_jobs():
     order = [InLine("q1", "m", ""), InLine("q2", "m", ""), InLine("q3", "other", "")]
-    lines = standings(order, [Running("m", NOW - 4)], {"m": 10.0}, 1, NOW)
-    assert lines["q1"] == Standing(1, NOW + 6) and lines["q2"] == Standing(2, NOW + 16)
-    assert lines["q3"] == Standing(3, None)  # no duration of `other` yet
-    two = standings(order[:2], [Running("m", NOW - 4)], {"m": 10.0}, 2, NOW)
+    lines = places_in_line(order, [Running("m", NOW - 4)], {"m": 10.0}, 1, NOW)
+    assert lines["q1"] == PlaceInLine(1, NOW + 6) and lines["q2"] == PlaceInLine(2, NOW + 16)
+    assert lines["q3"] == PlaceInLine(3, None)  # no duration of `other` yet
+    two = places_in_line(order[:2], [Running("m", NOW - 4)], {"m": 10.0}, 2, NOW)
     assert [two[i].estimated_start_at for i in ("q1", "q2")] == [NOW, NOW + 6]  # the idle worker takes q1
-    assert standings(order[:1], [Running("m", NOW - 30)], {"m": 10.0}, 1, NOW)["q1"].estimated_start_at == NOW
+    assert places_in_line(order[:1], [Running("m", NOW - 30)], {"m": 10.0}, 1, NOW)["q1"].estimated_start_at == NOW
 
 
 def test_a_keys_job_stands_among_its_keys_jobs_only_with_no_estimate():
     order = [InLine("a1", "m", "a"), InLine("b1", "m", "b"), InLine("a2", "m", "a"), InLine("old", "m", ""),
              InLine("b2", "m", "b")]
-    lines = standings(order, [Running("m", NOW - 4)], {"m": 10.0}, 1, NOW)
+    lines = places_in_line(order, [Running("m", NOW - 4)], {"m": 10.0}, 1, NOW)
     assert {job_id: line.position for job_id, line in lines.items()} == {"a1": 1, "b1": 1, "a2": 2, "old": 4,
                                                                           "b2": 2}
     assert [line.estimated_start_at for line in lines.values()] == [None, None, None, NOW + 36, None]
@@ -158,7 +158,7 @@ def test_the_redis_claim_picks_what_the_policy_picks(redis_url):
     store.update(cancelled.id, jobs_.request_cancel)  # dropped at its turn
     waiting = [Entry.of(job) for job in jobs if job is not cancelled]
     queued = [job.id for job in jobs if job is not cancelled]
-    predicted = list(schedule.standings("wan-tiny", queued, [], 1))  # in the order they stand
+    predicted = list(schedule.places_in_line("wan-tiny", queued, [], 1))  # in the order they stand
     fairness, claimed = Fairness(), []
     while (job_id := schedule.claim("wan-tiny")) is not None:
         expected = next_entry(waiting, fairness, now, AGING)

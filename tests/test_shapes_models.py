@@ -27,7 +27,7 @@ from vidserve.config import Settings
 from vidserve.pipelines.chain import generate_video
 from vidserve.registry import WEIGHTS, resolve, spec_from_folder
 from vidserve.options import GenerationOptions
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 ROOT = Path(__file__).resolve().parents[1]
 

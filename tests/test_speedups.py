@@ -15,7 +15,7 @@ from vidserve.options import CacheOptions, GenerationOptions, LoadOptions
 from vidserve.pipelines.speedups import quantizable
 from vidserve.pipelines.video import get_pipeline
 from vidserve.registry import resolve
-from vidserve.requests import build_request
+from vidserve.video_request import build_request
 
 SPEC = resolve("wan-tiny")
 

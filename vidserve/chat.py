@@ -1,4 +1,5 @@
-"""Chat messages from OpenAI's shape to a model's: text parts, and images decoded from
+"""Chat messages in OpenAI's shape (`Message`: the chat request's, and the video path's own
+calls to the LLM), and from that shape to a model's: text parts, and images decoded from
 `image_url` parts (data URLs always; http(s) only when the server allows it, and then
 only from hosts that vidserve.outbound allows).
 
@@ -13,11 +14,12 @@ import base64
 import hashlib
 import io
 from dataclasses import dataclass
-from typing import Callable
+from typing import Annotated, Callable, Literal
 from urllib.parse import urlsplit
 
 import httpx
 from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field
 
 from vidserve import outbound
 from vidserve.errors import InvalidRequest, echo
@@ -25,6 +27,35 @@ from vidserve.media import decode_data_url, load_image
 
 # The longest side of a chat image may be at most this many times its shortest.
 MAX_ASPECT_RATIO = 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageURL(_Strict):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # e.g. `name`, `refusal` on replayed assistant turns
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[Part] | None = None
 
 
 @dataclass(frozen=True)
@@ -37,24 +68,24 @@ class ChatImage:
         return cls(load_image(data, max_pixels), hashlib.sha256(data).hexdigest())
 
 
-def to_model_messages(messages: list[dict], *, max_pixels: int, max_bytes: int, remote_images: bool,
+def to_model_messages(messages: list[Message], *, max_pixels: int, max_bytes: int, remote_images: bool,
                       allow_private_urls: bool = False, check_image: Callable[[Image.Image], None] | None = None
                       ) -> tuple[list[dict], list[ChatImage]]:
     """OpenAI messages -> (transformers chat messages, their images in order). `check_image`
     sees each decoded image and may refuse it with InvalidRequest."""
     converted, images = [], []
     for i, message in enumerate(messages):
-        content = message.get("content")
+        content = message.content
         if content is None or isinstance(content, str):
-            converted.append({"role": message["role"], "content": content or ""})
+            converted.append({"role": message.role, "content": content or ""})
             continue
         parts = []
         for j, part in enumerate(content):
-            if part["type"] == "text":
-                parts.append({"type": "text", "text": part["text"]})
+            if isinstance(part, TextPart):
+                parts.append({"type": "text", "text": part.text})
                 continue
             param = f"messages[{i}].content[{j}].image_url"
-            data = _image_bytes(part["image_url"]["url"], param, max_bytes, remote_images, allow_private_urls)
+            data = _image_bytes(part.image_url.url, param, max_bytes, remote_images, allow_private_urls)
             try:
                 image = ChatImage.from_bytes(data, max_pixels)
                 _check_aspect_ratio(image.image)
@@ -64,7 +95,7 @@ def to_model_messages(messages: list[dict], *, max_pixels: int, max_bytes: int, 
                 raise InvalidRequest(exc.message, param=param, code=exc.code) from None
             images.append(image)
             parts.append({"type": "image"})
-        converted.append({"role": message["role"], "content": parts})
+        converted.append({"role": message.role, "content": parts})
     return converted, images
 
 

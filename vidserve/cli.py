@@ -194,7 +194,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from vidserve.media import load_image
     from vidserve.registry import resolve_local
     from vidserve.media.renditions import resolve_output
-    from vidserve.requests import build_request
+    from vidserve.video_request import build_request
 
     # Every argument is checked before `_placed` imports torch, so a mistake is one line at once.
     settings = _settings(args)
@@ -415,7 +415,7 @@ def _add_load_flags(parser: argparse.ArgumentParser, settings: Settings) -> None
 
 def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     """The command line; `settings` (the environment's) supply the defaults its help shows."""
-    from vidserve.requests import MIN_FRAMES
+    from vidserve.video_request import MIN_FRAMES
 
     s = settings or get_settings()
     parser = _Parser(prog=PROG, description="Video/diffusion inference server for open Wan models.")

@@ -149,6 +149,9 @@ class Settings(BaseSettings):
                                        "playlist of a video with no segment yet is held for its first one, so a "
                                        "player started on a queued video waits instead of failing (0: answer at "
                                        "once).")
+    event_keepalive_seconds: float = Field(15.0, gt=0, le=600, description="After how many quiet seconds an "
+                                           "event stream (GET /v1/videos/ID/events) sends a comment line, so a proxy "
+                                           "does not close it; streams read a job only when it changes.")
     realtime_max_seconds: float = Field(20.0, gt=0, description="Length of a realtime session that names no "
                                         "seconds, and the most one may ask for.")
     realtime_max_prompt_updates: int = Field(100, gt=0, description="Prompt updates one realtime session may send "
@@ -187,8 +190,8 @@ def get_settings() -> Settings:
 
 
 def settings_table() -> str:
-    """README's Settings table: every setting with its default and description, in the order
-    declared (`python -m vidserve.config` prints it; a test checks README against it)."""
+    """docs/settings.md's table: every setting with its default and description, in the order
+    declared (`python -m vidserve.config` prints it; a test checks docs/settings.md against it)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         rows.append(f"| `VIDSERVE_{name.upper()}` | {_shown(field.default)} | {field.description} |")

@@ -64,11 +64,6 @@ class Adapter:
     def fits(self, model: str) -> bool:
         return not self.base_models or model in self.base_models
 
-    def to_dict(self) -> dict:
-        return {"id": self.name, "object": "lora", "base_models": list(self.base_models), "rank": self.rank,
-                "size_bytes": self.size_bytes, "description": self.description,
-                "recommended_preset": self.recommended_preset}
-
 
 @dataclass(frozen=True)
 class PublicAdapter:

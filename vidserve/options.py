@@ -1,7 +1,7 @@
 """What a request may ask for beyond its prompt, model, length and first frame.
 
 `GenerationOptions` declares each such field once: the API's request bodies extend it, the
-CLI's `generate` flags are made from it, and `vidserve.requests.build_request` resolves it
+CLI's `generate` flags are made from it, and `vidserve.video_request.build_request` resolves it
 into the request a pipeline runs and a job stores. The option groups it holds (attention,
 step caching) have a server default (`VIDSERVE_ATTENTION` as JSON) that a request may override
 field by field. Plain data, validated here so the API and CLI reject bad values before a

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field
 
 from vidserve.media.renditions import Rendition
-from vidserve.requests import GenerationRequest, ResolvedOptions
+from vidserve.video_request import GenerationRequest, ResolvedOptions
 
 
 class JobParams(ResolvedOptions):

@@ -30,11 +30,6 @@ class Preset:
     loras: tuple[LoraRequest, ...] = ()  # adapters the preset adds; they must be registered
     description: str = ""
 
-    def to_dict(self, name: str) -> dict:
-        return {"name": name, "num_inference_steps": self.steps, "guidance_scale": self.guidance,
-                "flow_shift": self.flow_shift, "loras": [lora.model_dump() for lora in self.loras],
-                "description": self.description}
-
 
 @dataclass(frozen=True)
 class ModelSpec:

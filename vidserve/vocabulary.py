@@ -64,12 +64,6 @@ class PromptVocabulary:
                              message=f"{field} {why}, so the video will not follow it; {model} understands "
                                      f"{self.describe()}")
 
-    def to_dict(self) -> dict:
-        """As `/v1/models` shows it."""
-        return {"language": self.language, "examples": list(self.examples), "colours": list(self.colours),
-                "shapes": list(self.shapes), "motions": list(self.motions), "backgrounds": list(self.backgrounds),
-                "synonyms": dict(self.synonyms)}
-
 
 def _other_script(text: str) -> str:
     """The names of the scripts of `text`'s letters that are not Latin (e.g. "CJK, HIRAGANA"), or ""."""

@@ -47,7 +47,7 @@ import httpx
 from vidserve import outbound
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStore, WebhookDelivery
-from vidserve.jobs.video_object import VideoObject, stream_path
+from vidserve.jobs.video_object import VideoChunkEvent, VideoObject
 from vidserve.stream_tokens import kept_secret
 
 log = logging.getLogger("vidserve.webhooks")
@@ -329,9 +329,10 @@ def announce(webhooks: WebhookSender | None, settings: Settings, job: Job) -> No
 
 
 def announce_chunk(webhooks: WebhookSender | None, settings: Settings, job: Job, index: int) -> None:
-    """Send `video.chunk` for chunk `index` (now playable) where the job's webhook subscribed to it."""
+    """Send `video.chunk` for chunk `index` (now playable) where the job's webhook subscribed to it:
+    the chunk as the event stream tells of it."""
     url = job.webhook_url or settings.webhook_url
     if webhooks is not None and url and "video.chunk" in (job.webhook_events or ()):
-        chunk = next(c for c in VideoObject.of(job).chunks if c.index == index)
-        webhooks.send(url, "video.chunk", {"video_id": job.id, **chunk.model_dump(mode="json"),
-                                           "stream_url": stream_path(job.id)})
+        chunk = next(c for c in job.chunks if c.index == index)
+        segment = next((s.name for s in job.segments if s.chunk == index), None)
+        webhooks.send(url, "video.chunk", VideoChunkEvent.of(job.id, chunk, segment).model_dump(mode="json"))

@@ -31,7 +31,7 @@ from celery import Celery
 from vidserve.config import Settings
 from vidserve.jobs import Job, JobStatus, JobStore
 from vidserve.jobs.redis_persistence import require_durable
-from vidserve.jobs.standing import Running, Standing
+from vidserve.jobs.place_in_line import PlaceInLine, Running
 from vidserve.jobs.store_redis import RedisJobStore
 from vidserve.registry import resolve_local
 from vidserve.storage import open_storage
@@ -40,7 +40,9 @@ from vidserve.webhooks import WebhookSender, announce, build_sender
 
 from .prompt_writer import HTTPWriter
 from .redis_schedule import RedisSchedule
-from .runner import JobRunner, recover_lost_jobs
+from .lease import recover_lost_jobs
+from .runner import JobRunner
+from .warm_up import warm_up
 
 log = logging.getLogger("vidserve.celery")
 
@@ -168,7 +170,10 @@ class LeaseReaper:
                 log.warning("lease check failed", exc_info=True)
 
     def submit(self, job: Job) -> None:
-        self.schedule.add(job)
+        if self.schedule.add(job):
+            # The store told the line's followers of the job when it stored it, before it was in the
+            # schedule: a place read in between counted it as starting. Now it is in the line.
+            self.store.line_moved(job.id)
         self.wake(job.model)
 
     def _schedule_missing(self) -> None:
@@ -206,12 +211,12 @@ class CeleryQueue:
         """Whether a live worker holds `model`: one whose heartbeat has not lapsed."""
         return self._live_workers(model) > 0
 
-    def standings(self, model: str) -> dict[str, Standing]:
+    def places_in_line(self, model: str) -> dict[str, PlaceInLine]:
         active = [job for job in self.store.with_status([JobStatus.queued, JobStatus.in_progress])
                   if job.model == model]
         queued = [job.id for job in active if job.status is JobStatus.queued]
         running = [Running(job.model, job.started_at) for job in active if job.status is JobStatus.in_progress]
-        return self.schedule.standings(model, queued, running, max(self._live_workers(model), len(running)))
+        return self.schedule.places_in_line(model, queued, running, max(self._live_workers(model), len(running)))
 
     def _live_workers(self, model: str) -> int:
         cached = self._workers.get(model)
@@ -250,7 +255,7 @@ def run_worker(settings: Settings, model: str, metrics_port: int | None = None) 
                        build_sender(settings, store), writer=writer)
     get_pipeline(spec, settings.device, settings.dtype, settings.load)  # resident before the first job arrives
     if settings.warmup:
-        runner.warm_up(model)  # and its first calls made
+        warm_up(settings, model)  # and its first calls made
 
     app = make_celery(settings)
     schedule = RedisSchedule(store, settings.priority_aging_seconds)

@@ -6,7 +6,7 @@ with aging), over every queued job: all models share the one worker, so they sha
 line. The line is read from the store at each pick, so a restart loses nothing but the keys'
 recent starts. On start it recovers jobs that were running when a previous process died (run
 again or, with their attempts used up, failed), then its thread warms up on the default model
-(`JobRunner.warm_up`; `warming` until done) before it takes the first job. After each job it
+(`workers/warm_up.py`; `warming` until done) before it takes the first job. After each job it
 recovers a job the runner gave up during an outage, which Celery's lease reaper would recover there.
 
 A server shutting down `drain`s it first: no job starts after that, and the running one (`running_job_id`)
@@ -23,11 +23,13 @@ from collections import deque
 from vidserve import jobs
 from vidserve.jobs import InvalidTransition, Job, JobNotFound, JobStatus, JobStore
 from vidserve.jobs.outages import OUTAGES
-from vidserve.jobs.standing import RECENT_JOBS, InLine, Running, Standing, mean_durations, standings
+from vidserve.jobs.place_in_line import (RECENT_JOBS, InLine, PlaceInLine, Running, mean_durations,
+                                         places_in_line)
 from vidserve.webhooks import announce
 
 from .fair_share import Entry, Fairness, next_entry, start_order
 from .runner import JobRunner
+from .warm_up import warm_up
 
 log = logging.getLogger("vidserve.embedded")
 
@@ -58,7 +60,7 @@ class EmbeddedQueue:
         with self._wake:
             self._wake.notify()
 
-    def standings(self, model: str) -> dict[str, Standing]:
+    def places_in_line(self, model: str) -> dict[str, PlaceInLine]:
         """Every queued job's place in the one line, whatever `model`, and its estimated start."""
         queued = self._queued()
         with self._wake:
@@ -70,7 +72,7 @@ class EmbeddedQueue:
         waiting = [Entry.of(job) for job in queued if job.id not in starting]
         order = [*starting, *(entry.id for entry in start_order(waiting, fairness, now, self.aging_seconds))]
         runs = [running[1]] if running is not None and not starting else []
-        return standings([lines[job_id] for job_id in order], runs, durations, 1, now)
+        return places_in_line([lines[job_id] for job_id in order], runs, durations, 1, now)
 
     @property
     def alive(self) -> bool:
@@ -144,7 +146,7 @@ class EmbeddedQueue:
     def _work(self) -> None:
         if self._warming:
             try:
-                self.runner.warm_up(self.runner.settings.default_model)
+                warm_up(self.runner.settings, self.runner.settings.default_model)
             finally:
                 self._warming = False
         while (job := self._next()) is not None:

@@ -71,13 +71,14 @@ class Fairness:
     served: dict[str, float] = field(default_factory=dict)
     clock: float = 0.0
 
-    def standing(self, key: str) -> float:
+    def count(self, key: str) -> float:
+        """The key's starts, each `1 / share`, held no lower than the clock: the lower, the sooner its turn."""
         return max(self.served.get(key, 0.0), self.clock)
 
     def charge(self, entry: Entry) -> None:
         if entry.retry:  # charged when it first started; charging again could move the clock past a waiting key
             return
-        self.clock = self.standing(entry.key)
+        self.clock = self.count(entry.key)
         self.served[entry.key] = self.clock + 1.0 / entry.share
 
     def copy(self) -> "Fairness":
@@ -96,9 +97,9 @@ def next_entry(entries: list[Entry], fairness: Fairness, now: float, aging_secon
     if retries:
         return min(retries, key=lambda e: (e.queued_at, e.id))
     # One minimum over every entry: the least served keys, then the highest effective priority, then the oldest.
-    # Among one key's entries the standing is the same, so this is also the key's own order.
+    # Among one key's entries the count is the same, so this is also the key's own order.
     return min(entries, default=None,
-               key=lambda e: (fairness.standing(e.key), -effective_level(e, now, aging_seconds), e.queued_at, e.id))
+               key=lambda e: (fairness.count(e.key), -effective_level(e, now, aging_seconds), e.queued_at, e.id))
 
 
 def start_order(entries: list[Entry], fairness: Fairness, now: float, aging_seconds: float) -> list[Entry]:

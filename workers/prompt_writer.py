@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import httpx
 from PIL import Image
 
-from vidserve.chat import data_url
+from vidserve.chat import ImagePart, ImageURL, Message, TextPart, data_url
+from vidserve.sampling import SamplingOptions
 
 if TYPE_CHECKING:
     from vidserve.pipelines.llm.service import ChatService
@@ -33,22 +34,29 @@ class PromptWriter(ABC):
         """Whether the chat model sees images (a text-only LLM extends from the words alone)."""
 
     @abstractmethod
-    def complete(self, messages: list[dict], seed: int) -> str:
+    def complete(self, messages: list[Message], seed: int) -> str:
         """The assistant's answer to OpenAI-shaped messages."""
 
+    def sampling(self, seed: int) -> SamplingOptions:
+        return SamplingOptions(max_tokens=self.max_tokens, temperature=TEMPERATURE, seed=seed)
+
     def extend(self, prompt: str, image: Image.Image | None, seed: int) -> str:
-        content = [{"type": "text", "text": prompt}]
+        content: list[TextPart | ImagePart] = [TextPart(type="text", text=prompt)]
         if image is not None and self.vision:
-            content.append({"type": "image_url", "image_url": {"url": data_url(image)}})
+            content.append(_image_part(image))
         system = EXTEND_FROM_IMAGE if len(content) > 1 else EXTEND
-        answer = self.complete([{"role": "system", "content": system}, {"role": "user", "content": content}], seed)
+        answer = self.complete([Message(role="system", content=system), Message(role="user", content=content)], seed)
         return answer.strip() or prompt
 
     def caption(self, image: Image.Image, seed: int) -> str:
         if not self.vision:
             raise RuntimeError("caption_chain needs a vision-language chat model; this one reads text only")
-        content = [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": CAPTION}]
-        return self.complete([{"role": "user", "content": content}], seed).strip()
+        content = [_image_part(image), TextPart(type="text", text=CAPTION)]
+        return self.complete([Message(role="user", content=content)], seed).strip()
+
+
+def _image_part(image: Image.Image) -> ImagePart:
+    return ImagePart(type="image_url", image_url=ImageURL(url=data_url(image)))
 
 
 class EngineWriter(PromptWriter):
@@ -61,9 +69,8 @@ class EngineWriter(PromptWriter):
     def vision(self) -> bool:
         return self.chat.vision
 
-    def complete(self, messages: list[dict], seed: int) -> str:
-        call = self.chat.prepare(messages, max_tokens=self.max_tokens, temperature=TEMPERATURE, seed=seed,
-                                 from_client=False)
+    def complete(self, messages: list[Message], seed: int) -> str:
+        call = self.chat.prepare(messages, self.sampling(seed), from_client=False)
         text, out = self.chat.generate(call, timeout=self.timeout)
         if out.finish_reason == "error":
             raise RuntimeError(f"the chat model failed: {out.error}")
@@ -91,9 +98,9 @@ class HTTPWriter(PromptWriter):
             self._model = chat[0]
         return self._model
 
-    def complete(self, messages: list[dict], seed: int) -> str:
-        body = {"model": self._chat_model()["id"], "messages": messages, "max_tokens": self.max_tokens,
-                "temperature": TEMPERATURE, "seed": seed}
+    def complete(self, messages: list[Message], seed: int) -> str:
+        body = {"model": self._chat_model()["id"], "messages": [m.model_dump(exclude_none=True) for m in messages],
+                **self.sampling(seed).model_dump(exclude_unset=True)}
         return self._call("POST", "/chat/completions", json=body)["choices"][0]["message"]["content"] or ""
 
     def _call(self, method: str, path: str, **kwargs) -> dict:

@@ -3,7 +3,7 @@
 charges its key, atomically, so API processes and workers on any machine agree on the order
 and no job is handed to two workers.
 
-A scan of the lane's waiting jobs, not a structure per key: aging and the keys' standings
+A scan of the lane's waiting jobs, not a structure per key: aging and the keys' counts
 change the choice with every claim, the lane holds at most `max_queued` jobs, and one pass
 over them is less to get wrong than keeping per-key heads in step with every add and claim.
 
@@ -19,7 +19,7 @@ local now, aging = tonumber(ARGV[1]), tonumber(ARGV[2])
 local clock = tonumber(redis.call('GET', KEYS[6]) or '0')
 local served, flat = {}, redis.call('HGETALL', KEYS[5])
 for i = 1, #flat, 2 do served[flat[i]] = tonumber(flat[i + 1]) end
-local function standing(key)
+local function count(key)
     return math.max(served[key] or 0, clock)
 end
 -- fair_share.next_entry: a job given back first, oldest first; else the least served key,
@@ -27,7 +27,7 @@ end
 local function before(a, b)
     if a.retry ~= b.retry then return a.retry end
     if not a.retry then
-        if a.standing ~= b.standing then return a.standing < b.standing end
+        if a.count ~= b.count then return a.count < b.count end
         if a.level ~= b.level then return a.level > b.level end
     end
     if a.at ~= b.at then return a.at < b.at end
@@ -44,7 +44,7 @@ for level = 1, 3 do
         -- fair_share.effective_level: one level higher once it has waited `aging` (levels 0-2 here are 1-3).
         local effective = (at <= now - aging) and math.min(level + 1, 3) or level
         waiting[#waiting + 1] = {id = id, at = at, zset = KEYS[level], key = entry.key, share = entry.share,
-                                 retry = entry.retry, level = effective, standing = standing(entry.key)}
+                                 retry = entry.retry, level = effective, count = count(entry.key)}
     end
 end
 while #waiting > 0 do
@@ -57,8 +57,8 @@ while #waiting > 0 do
     redis.call('HDEL', KEYS[4], chosen.id)
     if redis.call('SISMEMBER', KEYS[7], chosen.id) == 1 then
         if not chosen.retry then  -- a job given back was charged when it first started
-            redis.call('SET', KEYS[6], string.format('%.17g', chosen.standing))
-            redis.call('HSET', KEYS[5], chosen.key, string.format('%.17g', chosen.standing + 1 / chosen.share))
+            redis.call('SET', KEYS[6], string.format('%.17g', chosen.count))
+            redis.call('HSET', KEYS[5], chosen.key, string.format('%.17g', chosen.count + 1 / chosen.share))
         end
         return chosen.id
     end

@@ -21,7 +21,8 @@ import time
 import redis
 
 from vidserve.jobs import Job, JobStatus
-from vidserve.jobs.standing import RECENT_JOBS, InLine, Running, Standing, mean_durations, standings
+from vidserve.jobs.place_in_line import (RECENT_JOBS, InLine, PlaceInLine, Running, mean_durations,
+                                         places_in_line)
 from vidserve.jobs.store_redis import RedisJobStore
 from vidserve.priorities import PRIORITIES
 
@@ -66,7 +67,8 @@ class RedisSchedule:
             pipe.ltrim(key, 0, RECENT_JOBS - 1)
             pipe.execute()
 
-    def standings(self, model: str, queued: list[str], running: list[Running], workers: int) -> dict[str, Standing]:
+    def places_in_line(self, model: str, queued: list[str], running: list[Running],
+                       workers: int) -> dict[str, PlaceInLine]:
         """The place in line and estimated start of each of `model`'s `queued` jobs (ids, oldest first).
         One not in the schedule was claimed a moment ago and is starting: it stands first."""
         with self.redis.pipeline(transaction=True) as pipe:
@@ -88,4 +90,4 @@ class RedisSchedule:
                  *(InLine(entry.id, model, entry.key) for entry in start_order(waiting, fairness, now,
                                                                                self.aging_seconds))]
         means = mean_durations({model: [float(seconds) for seconds in durations]})
-        return standings(order, running, means, workers, now)
+        return places_in_line(order, running, means, workers, now)

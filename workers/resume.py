@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from vidserve.jobs import Job
+from vidserve.jobs import ChunkRecord, Job, SegmentRecord
+from vidserve.jobs.files import JobFiles
 from vidserve.media import read_video_bytes
 from vidserve.media.drift import ChainState
 from vidserve.media.hls import Timeline
@@ -24,24 +25,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vidserve.runner")
 
-CHAIN_STATES = "chain"  # the folder of a job's chain states, one per chunk made
-
-
-def chain_state_key(job_id: str, index: int) -> str:
-    """Where the chain's state after chunk `index` is stored."""
-    return f"{job_id}/{CHAIN_STATES}/{index}.npz"
-
-
 def resume_point(job: Job, chunks_planned: int, read: Callable[[str], bytes]) -> tuple[Resume | None, Timeline]:
     """Where this run goes on (None: from the start) and the timeline of the segments it keeps:
     after the newest recorded chunk whose state, and the files of every chunk up to it, read
     back with `read` (a chunk is recorded only once they are stored, so nearly always the last one)."""
-    chunks = {chunk["index"]: chunk for chunk in job.chunks}
-    segments = {segment["name"]: segment for segment in job.segments}
-    if job.source_video_key is not None and "source.m4s" not in segments:
+    chunks = {chunk.index: chunk for chunk in job.chunks}
+    segments = {segment.chunk: segment for segment in job.segments}  # the source's under None
+    if job.source_video_key is not None and None not in segments:
         return None, Timeline()
     recorded = 0  # chunks 0 .. recorded - 1 are all recorded, each with its segment
-    while recorded < chunks_planned and recorded in chunks and f"{recorded}.m4s" in segments:
+    while recorded < chunks_planned and recorded in chunks and recorded in segments:
         recorded += 1
     for next_chunk in range(recorded, 0, -1):
         try:
@@ -58,33 +51,33 @@ def resume_point(job: Job, chunks_planned: int, read: Callable[[str], bytes]) ->
     return None, Timeline()
 
 
-def _resume_at(job: Job, next_chunk: int, chunks: dict[int, dict], segments: dict[str, dict],
+def _resume_at(job: Job, next_chunk: int, chunks: dict[int, ChunkRecord], segments: dict[int | None, SegmentRecord],
                read: Callable[[str], bytes]) -> tuple[Resume, Timeline]:
     """A resume from chunk `next_chunk`, read back from storage: FileNotFoundError or
     ValueError where something it needs is missing or unreadable."""
     from vidserve.pipelines.chain import Resume  # torch stays out of processes that never run jobs
 
-    state = ChainState.from_bytes(read(chain_state_key(job.id, next_chunk - 1)))
+    state = ChainState.from_bytes(read(JobFiles(job.id).chain_state(next_chunk - 1)))
     if state.next_chunk != next_chunk:
         raise ValueError(f"the state stored after chunk {next_chunk - 1} goes on from chunk {state.next_chunk}")
     if job.stream_init_key is None:
         raise ValueError("no init segment is recorded")
     timeline = Timeline()
     init = read(job.stream_init_key)
-    kept = (["source.m4s"] if job.source_video_key is not None else []) + [f"{i}.m4s" for i in range(next_chunk)]
-    for name in kept:
-        timeline.add_placed(init, read(segments[name]["key"]), segments[name]["frames"])
+    kept = ([None] if job.source_video_key is not None else []) + list(range(next_chunk))
+    for chunk in kept:
+        timeline.add_placed(init, read(segments[chunk].key), segments[chunk].frames)
     # The frames made so far, for the outputs made from the whole video (thumbnail, renditions):
     # decoded from the chunks' MP4s, the frames the stream plays.
     made = []
     for index in range(next_chunk):
-        data = read(chunks[index]["key"])
+        data = read(chunks[index].key)
         try:
             frames = read_video_bytes(data)[0]
         except Exception as exc:  # whatever ffmpeg makes of a damaged file
             raise ValueError(f"chunk {index}'s MP4 does not decode: {type(exc).__name__}: {exc}") from exc
-        if len(frames) != chunks[index]["frames"] or frames.shape[1:] != state.condition.shape:
-            raise ValueError(f"chunk {index}'s MP4 holds {frames.shape}, not {chunks[index]['frames']} frames "
+        if len(frames) != chunks[index].frames or frames.shape[1:] != state.condition.shape:
+            raise ValueError(f"chunk {index}'s MP4 holds {frames.shape}, not {chunks[index].frames} frames "
                              f"of {state.condition.shape}")
         made.append(frames)
     return Resume(state, np.concatenate(made)), timeline

@@ -21,11 +21,12 @@ from vidserve.errors import EngineOverloaded
 from vidserve.keys import Caller
 
 from ..auth import authenticate
-from ..chat_schemas import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, Choice,
+from ..protocol.chat import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionCreate, Choice,
                             ChunkChoice, Delta, PromptTokensDetails, Usage)
 from ..errors import APIError
 from ..forms import unicode_json_body
-from ..responses import ErrorDetail, ErrorResponse
+from ..protocol.errors import ErrorDetail, ErrorResponse, errors
+from ..protocol.media import CHAT_EVENTS
 from ..services import Services, services
 
 router = APIRouter(prefix="/v1/chat/completions", tags=["chat"],
@@ -34,7 +35,7 @@ router = APIRouter(prefix="/v1/chat/completions", tags=["chat"],
 DISCONNECT_POLL_SECONDS = 0.5
 
 
-@router.post("", response_model=ChatCompletion)
+@router.post("", response_model=ChatCompletion, responses={**CHAT_EVENTS, **errors(404)})
 async def create_chat_completion(body: ChatCompletionCreate, request: Request, svc: Services = Depends(services),
                                  caller: Caller = Depends(authenticate)):
     chat = svc.chat
@@ -43,11 +44,8 @@ async def create_chat_completion(body: ChatCompletionCreate, request: Request, s
     if body.model not in (None, chat.name):
         raise APIError(404, f"chat model {body.model!r} is not served here; this server runs {chat.name!r}",
                        param="model", code="model_not_found")
-    call = await run_in_threadpool(
-        chat.prepare, [m.model_dump() for m in body.messages], max_tokens=body.max_completion_tokens or body.max_tokens,
-        temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=tuple(body.stop or ()),
-        ignore_eos=body.ignore_eos, repetition=body.repetition, response_format=body.format_dict(),
-        prefix_cache=body.prefix_cache, tenant=caller.name, cache_salt=body.cache_salt)
+    call = await run_in_threadpool(chat.prepare, body.messages, body, response_format=body.format_dict(),
+                                   tenant=caller.name, cache_salt=body.cache_salt)
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": chat.name}
     outputs = chat.stream(call)
     try:  # admission errors surface with the first output, as an HTTP status

@@ -13,6 +13,8 @@ from vidserve.storage import Storage, StorageUnavailable
 
 from ..auth import require_admin
 from ..errors import APIError, unavailable
+from ..protocol.errors import errors
+from ..protocol.health import Liveness, Readiness
 from ..services import Services, services
 
 log = logging.getLogger("vidserve.api")
@@ -22,12 +24,13 @@ router = APIRouter(tags=["health"])
 PROBE_CACHE_SECONDS = 2.0
 
 
-@router.get("/healthz")
-async def healthz():
-    return {"status": "ok"}
+@router.get("/healthz", response_model=Liveness)
+async def healthz() -> Liveness:
+    return Liveness()
 
 
-@router.get("/readyz")
+# Unset parts are left out: who may not see them gets {"status": "ready"} alone.
+@router.get("/readyz", response_model=Readiness, response_model_exclude_none=True, responses=errors(503))
 async def readyz(request: Request, svc: Services = Depends(services)):
     """200 when every component works; otherwise 503 naming each part that does not, with the
     first one's code. Why it failed (paths, hosts, ports) goes to the log, never to the client;
@@ -50,9 +53,9 @@ async def readyz(request: Request, svc: Services = Depends(services)):
         return unavailable(f"not ready: warming up (one tiny generation of {svc.settings.default_model}, so that "
                            "the first job runs at full speed)", "warming_up")
     if not _is_admin(request):
-        return {"status": "ready"}
+        return Readiness()
     storage_kind = "s3" if svc.storage.location.startswith("s3://") else "local"
-    return {"status": "ready", "queue": svc.settings.queue, "storage": storage_kind}
+    return Readiness(queue=svc.settings.queue, storage=storage_kind)
 
 
 def _is_admin(request: Request) -> bool:

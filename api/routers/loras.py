@@ -5,6 +5,7 @@ from fastapi import APIRouter, Depends
 from vidserve.loras import LOADED_ADAPTERS
 
 from ..auth import authenticate
+from ..protocol.models import LoraAdapter, LoraList
 from ..services import Services, services
 
 router = APIRouter(prefix="/v1/loras", tags=["loras"], dependencies=[Depends(authenticate)])
@@ -17,9 +18,8 @@ def _loaded_here(svc: Services) -> frozenset[str] | None:
     return LOADED_ADAPTERS.names() if svc.settings.queue == "embedded" else None
 
 
-@router.get("")
-async def list_loras(svc: Services = Depends(services)):
+@router.get("", response_model=LoraList)
+async def list_loras(svc: Services = Depends(services)) -> LoraList:
     loaded = _loaded_here(svc)
-    data = [{**adapter.to_dict(), "loaded": None if loaded is None else adapter.name in loaded}
-            for adapter in svc.adapters.adapters.values()]
-    return {"object": "list", "data": data}
+    return LoraList(data=[LoraAdapter.of(adapter, None if loaded is None else adapter.name in loaded)
+                          for adapter in svc.adapters.adapters.values()])

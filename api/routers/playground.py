@@ -14,6 +14,7 @@ from starlette.staticfiles import StaticFiles
 from vidserve.registry import MODELS
 
 from ..auth import authenticate
+from ..protocol.models import ModelAvailability, ModelAvailabilityList
 from ..services import Services, services
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -59,11 +60,11 @@ async def static(path: str, request: Request, svc: Services = Depends(services))
     return await _serve(path, request, svc)
 
 
-@router.get("/playground/models", dependencies=[Depends(authenticate)])
-def model_availability(svc: Services = Depends(services)) -> dict:
+@router.get("/playground/models", response_model=ModelAvailabilityList, dependencies=[Depends(authenticate)])
+def model_availability(svc: Services = Depends(services)) -> ModelAvailabilityList:
     """Each registry model, and why a job for it would be refused now (null: it would not); and
     the model a request that names none gets."""
     reasons = {name: svc.unavailable(spec) for name, spec in MODELS.items()}
-    return {"object": "list", "default_model": svc.settings.default_model,
-            "data": [{"id": name, "available": reason is None, "reason": reason}
-                     for name, reason in reasons.items()]}
+    return ModelAvailabilityList(default_model=svc.settings.default_model,
+                                 data=[ModelAvailability(id=name, available=reason is None, reason=reason)
+                                       for name, reason in reasons.items()])

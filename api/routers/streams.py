@@ -9,10 +9,13 @@ with and no longer than its key. An Authorization header works too, as everywher
 
 A player started before the video has a segment (a queued job) would read an empty playlist, which
 ffmpeg takes for a stream with nothing in it: that playlist request is held, as LL-HLS blocking
-playlist reloads are, until the first segment exists, the job ends, or `stream_hold_seconds` pass.
+playlist reloads are, until the first segment exists, the job ends, or `stream_hold_seconds` pass:
+it follows the job's events (`JobEvents.follow`), reading the job only as it changes.
 """
 
 from __future__ import annotations
+
+from contextlib import aclosing
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -20,18 +23,19 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from vidserve.jobs import Job
-from vidserve.media.hls import INIT_NAME, media_playlist, target_seconds
+from vidserve.jobs.events import Deleted, Quiet
+from vidserve.jobs.files import INIT_SEGMENT, segment_chunk
+from vidserve.media.hls import media_playlist, target_seconds
 
 from ..auth import authenticate
 from ..content import stored_file_response
 from ..errors import APIError, not_found, video_expired
+from ..protocol.errors import errors
+from ..protocol.media import PLAYLIST, PLAYLIST_TYPE, SEGMENT, SEGMENT_TYPES
 from ..services import Services, services
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
 
-PLAYLIST_TYPE = "application/vnd.apple.mpegurl"
-SEGMENT_TYPES = {".mp4": "video/mp4", ".m4s": "video/iso.segment"}
-HOLD_POLL_SECONDS = 0.1  # how often a held playlist request reads the job again
 TOKEN = Query(None, max_length=200, description="The token of the video's `stream_url`, for players that cannot "
                                                 "send an Authorization header (servers with keys).")
 
@@ -57,7 +61,7 @@ def _streamed(svc: Services, request: Request, video_id: str, token: str | None)
     return job
 
 
-@router.get("/{video_id}/stream.m3u8", response_class=Response)
+@router.get("/{video_id}/stream.m3u8", response_class=Response, responses={**PLAYLIST, **errors(403, 404, 410)})
 async def stream_playlist(request: Request, video_id: str, token: str | None = TOKEN,
                           svc: Services = Depends(services)):
     job = await run_in_threadpool(_streamed, svc, request, video_id, token)
@@ -66,9 +70,9 @@ async def stream_playlist(request: Request, video_id: str, token: str | None = T
     # The token it was read with, checked above: the same URLs on every reload, expiring when the link does.
     query = f"?token={token}" if token is not None and svc.keyring.enabled else ""
     p = job.params
-    longest = max([*p.chunk_frames, *(s["frames"] for s in job.segments)]) / p.fps
-    playlist = media_playlist(f"stream/{INIT_NAME}{query}",
-                              [(f"stream/{s['name']}{query}", s["seconds"]) for s in job.segments],
+    longest = max([*p.chunk_frames, *(s.frames for s in job.segments)]) / p.fps
+    playlist = media_playlist(f"stream/{INIT_SEGMENT}{query}",
+                              [(f"stream/{s.name}{query}", s.seconds) for s in job.segments],
                               target_seconds(longest), ended=job.status.terminal)
     # A player reloads a growing playlist: no cache may hold it; an ended one no longer changes.
     cache = "no-cache" if not job.status.terminal else "max-age=60"
@@ -78,27 +82,45 @@ async def stream_playlist(request: Request, video_id: str, token: str | None = T
 async def _first_segment(svc: Services, request: Request, job: Job) -> Job:
     """The job once it has a segment or has ended, or as it is after `stream_hold_seconds` (a
     player that gets an empty playlist then reloads it, as it would a live one)."""
-    with anyio.move_on_after(svc.settings.stream_hold_seconds):
-        while not job.segments and not job.status.terminal and not await request.is_disconnected():
-            await anyio.sleep(HOLD_POLL_SECONDS)
-            held = await run_in_threadpool(svc.store.get, job.id)
-            if held is None:  # deleted meanwhile
-                raise not_found(job.id)
-            job = held
+    deleted = False
+    async with anyio.create_task_group() as held:
+        held.start_soon(_cancel_when_disconnected, request, held.cancel_scope)
+        with anyio.move_on_after(svc.settings.stream_hold_seconds):
+            async with aclosing(svc.events.follow(job.id)) as events:
+                async for event in events:
+                    if isinstance(event, Deleted):
+                        deleted = True
+                        break
+                    if not isinstance(event, Quiet):
+                        job = event.job
+                        if job.segments or job.status.terminal:
+                            break
+        held.cancel_scope.cancel()
+    if deleted:  # meanwhile
+        raise not_found(job.id)
     return job
 
 
-@router.get("/{video_id}/stream/{name}")
+async def _cancel_when_disconnected(request: Request, scope: anyio.CancelScope) -> None:
+    """Cancel `scope` once the client has gone: a held request nobody waits for ends at once."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+@router.get("/{video_id}/stream/{name}", response_class=Response,
+             responses={**SEGMENT, **errors(403, 404, 409, 410, 416)})
 async def stream_segment(request: Request, video_id: str,
                          name: str = Path(pattern=r"^(init\.mp4|(source|[0-9]{1,6})\.m4s)$"),
                          token: str | None = TOKEN, svc: Services = Depends(services)):
     job = await run_in_threadpool(_streamed, svc, request, video_id, token)
-    if name == INIT_NAME:
+    if name == INIT_SEGMENT:
         key = job.stream_init_key
     else:
-        key = next((s["key"] for s in job.segments if s["name"] == name), None)
+        chunk = segment_chunk(name)
+        key = next((s.key for s in job.segments if s.chunk == chunk), None)
     if key is None:
-        made = [s["name"] for s in job.segments]
+        made = [s.name for s in job.segments]
         raise APIError(404 if job.status.terminal else 409,
                        f"segment {name} of video {video_id} is not made; made: {made}", param="name",
                        code="segment_not_ready")

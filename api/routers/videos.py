@@ -3,29 +3,29 @@ remix) plus cancel and a Server-Sent Events stream of a job's progress and chunk
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import json
-import time
 from pathlib import PurePosixPath
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
 
 from vidserve import jobs
 from vidserve.errors import echo
 from vidserve.jobs import Job, JobNotFound, JobStatus
 from vidserve.keys import Caller
 from vidserve.media.renditions import NAME_PATTERN
-from vidserve.jobs.video_object import VideoObject, VideoProgress, segment_path
+from vidserve.jobs.events import ChunkFinished, Deleted, Progressed, Quiet, StatusChanged
+from vidserve.jobs.video_object import VideoChunkEvent, VideoObject
 from vidserve.webhooks import announce
 
 from ..auth import authenticate, capped_stream
 from ..content import stored_file_response
 from ..errors import APIError, not_found, video_expired
 from ..forms import read_body, request_hash, validate
-from ..responses import VideoDeleted, VideoList
-from ..schemas import VideoCreate, VideoExtend, VideoRemix
+from ..protocol.errors import errors
+from ..protocol.media import CONTENT, VIDEO_EVENTS
+from ..protocol.videos import VideoDeleted, VideoList
+from ..protocol.videos import VideoCreate, VideoExtend, VideoRemix
 from ..services import Services, services
 from ..submission import submit_extension, submit_remix, submit_video
 
@@ -33,10 +33,9 @@ router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(a
 
 # Every video's variants; a rendition's media type is its format's.
 VARIANTS = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/jpeg", "chunk": "video/mp4"}
-EVENT_POLL_SECONDS = 0.2
 
 
-@router.post("", response_model=VideoObject)
+@router.post("", response_model=VideoObject, responses=errors(403, 422))
 async def create_video(request: Request, svc: Services = Depends(services), caller: Caller = Depends(authenticate),
                        idempotency_key: str | None = Header(None, max_length=256)):
     if idempotency_key is not None and not idempotency_key.strip():
@@ -51,7 +50,7 @@ async def create_video(request: Request, svc: Services = Depends(services), call
     return await run_in_threadpool(svc.video, job)
 
 
-@router.post("/extensions", response_model=VideoObject)
+@router.post("/extensions", response_model=VideoObject, responses=errors(403, 404, 409, 410))
 async def extend_video(request: Request, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     """Continue a video from its last frame; the new video is the source followed by the new frames."""
     fields, files = await read_body(request, svc.settings.max_upload_bytes, ("video",))
@@ -79,12 +78,12 @@ def _get(svc: Services, caller: Caller, video_id: str) -> Job:
     return job
 
 
-@router.get("/{video_id}", response_model=VideoObject)
+@router.get("/{video_id}", response_model=VideoObject, responses=errors(404))
 async def retrieve_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     return await run_in_threadpool(lambda: svc.video(_get(svc, caller, video_id)))
 
 
-@router.post("/{video_id}/cancel", response_model=VideoObject)
+@router.post("/{video_id}/cancel", response_model=VideoObject, responses=errors(404, 409))
 async def cancel_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     job = await run_in_threadpool(_get, svc, caller, video_id)
     if job.status.terminal:
@@ -98,7 +97,7 @@ async def cancel_video(video_id: str, svc: Services = Depends(services), caller:
     return await run_in_threadpool(svc.video, job)
 
 
-@router.delete("/{video_id}", response_model=VideoDeleted)
+@router.delete("/{video_id}", response_model=VideoDeleted, responses=errors(404))
 async def delete_video(video_id: str, svc: Services = Depends(services), caller: Caller = Depends(authenticate)):
     def delete() -> None:
         _get(svc, caller, video_id)
@@ -117,7 +116,7 @@ async def delete_video(video_id: str, svc: Services = Depends(services), caller:
     return VideoDeleted(id=video_id)
 
 
-@router.get("/{video_id}/content")
+@router.get("/{video_id}/content", response_class=Response, responses={**CONTENT, **errors(404, 409, 410, 416)})
 async def download_content(request: Request, video_id: str,
                            variant: str = Query("video", pattern=NAME_PATTERN,
                                                 description="video, thumbnail, spritesheet, chunk (with index), "
@@ -130,12 +129,12 @@ async def download_content(request: Request, video_id: str,
     if job.is_expired():  # swept or about to be: its files are gone, or as good as
         raise video_expired(job)
     if variant == "chunk":
-        chunk = next((c for c in job.chunks if c["index"] == index), None)
+        chunk = next((c for c in job.chunks if c.index == index), None)
         if chunk is None:
-            done = sorted(c["index"] for c in job.chunks)
+            done = sorted(c.index for c in job.chunks)
             raise APIError(404 if job.status.terminal else 409, f"chunk {index} of video {video_id} is not "
                            f"available; chunks done: {done}", param="index", code="chunk_not_ready")
-        key, filename, media_type = chunk["key"], f"{video_id}-chunk-{index}.mp4", VARIANTS["chunk"]
+        key, filename, media_type = chunk.key, f"{video_id}-chunk-{index}.mp4", VARIANTS["chunk"]
     elif job.status is not JobStatus.completed:
         raise APIError(409, f"video {video_id} is {job.status.value}; content is ready once it is completed",
                        code="video_not_ready")
@@ -164,7 +163,7 @@ def _variant(job: Job, variant: str) -> tuple[str, str]:
     return key, next(r.media_type for r in job.params.outputs if r.name == variant)
 
 
-@router.post("/{video_id}/remix", response_model=VideoObject)
+@router.post("/{video_id}/remix", response_model=VideoObject, responses=errors(403, 404, 410))
 async def remix_video(video_id: str, request: Request, svc: Services = Depends(services),
                       caller: Caller = Depends(authenticate)):
     fields, _ = await read_body(request, svc.settings.max_upload_bytes, ())
@@ -175,72 +174,35 @@ async def remix_video(video_id: str, request: Request, svc: Services = Depends(s
     return await run_in_threadpool(svc.video, job)
 
 
-@router.get("/{video_id}/events")
+@router.get("/{video_id}/events", response_class=Response, responses={**VIDEO_EVENTS, **errors(404)})
 async def video_events(video_id: str, request: Request, svc: Services = Depends(services),
                        caller: Caller = Depends(authenticate)):
     """Server-Sent Events: `video.<status>` with the whole video object on each status change,
     `video.queued` again as its place in line changes, `video.progress` with what moved
     (`VideoProgress`: step, chunk, estimated end, stage, warnings) as steps complete, as the stage
-    turns to `encoding` and as each rendition is stored, `video.chunk` as each chunk of a long
-    video becomes downloadable, ending after the terminal event (completed, failed or cancelled)."""
+    turns to `encoding` and as each rendition is stored, `video.chunk` (`VideoChunkEvent`, what a
+    webhook hears too) as each chunk of a long video becomes downloadable, ending after the
+    terminal event (completed, failed or cancelled)."""
     await run_in_threadpool(_get, svc, caller, video_id)
 
     async def stream():
-        # What the stream last told: the job's state, and the progress fields a client now holds.
-        last: _Seen | None = None
-        told: VideoProgress | None = None
-        announced, idle = set(), 0.0
-        while True:
-            job = await run_in_threadpool(svc.store.get, video_id)
-            if job is None:
-                yield _event("video.deleted", VideoDeleted(id=video_id).model_dump_json())
-                return
-            for chunk in sorted(job.chunks, key=lambda c: c["index"]):
-                if chunk["index"] not in announced:
-                    announced.add(chunk["index"])
-                    segment = next((s["name"] for s in job.segments if s["name"] == f"{chunk['index']}.m4s"), None)
-                    yield _event("video.chunk", json.dumps({
-                        "video_id": video_id, "index": chunk["index"], "frames": chunk["frames"],
-                        "drift": chunk["drift"],
-                        "url": f"/v1/videos/{video_id}/content?variant=chunk&index={chunk['index']}",
-                        "segment": segment_path(video_id, segment)}, separators=(",", ":")))
-            seen, moved = _Seen.of(job), VideoProgress.of(job, time.time())
-            if last is not None and seen.status is last.status and seen.status is not JobStatus.queued:
-                if seen != last:
-                    yield _event("video.progress", moved.changes_since(told))
-                    last, told, idle = seen, moved, 0.0
-            else:  # a new status, or a queued job's place in line: the object, with its standing
-                video = await run_in_threadpool(svc.video, job)
-                seen = dataclasses.replace(seen, queue_position=video.queue_position)
-                if seen != last:
+        async for event in svc.events.follow(video_id):
+            match event:
+                case ChunkFinished(chunk=chunk, segment=segment):
+                    told = VideoChunkEvent.of(video_id, chunk, segment.name if segment else None)
+                    yield _event("video.chunk", told.model_dump_json())
+                case Progressed(progress=progress, since=since):
+                    yield _event("video.progress", progress.changes_since(since))
+                case StatusChanged(job=job, place=place):  # the whole object, with where it stands
+                    video = await run_in_threadpool(svc.video, job, {job.id: place} if place else {})
                     yield _event(f"video.{job.status.value}", video.model_dump_json())
-                    last, told, idle = seen, moved, 0.0
-            if job.status.terminal or await request.is_disconnected():
-                return
-            await asyncio.sleep(EVENT_POLL_SECONDS)
-            idle += EVENT_POLL_SECONDS
-            if idle >= 15:  # a comment line keeps proxies from closing a quiet stream
-                yield ": keep-alive\n\n"
-                idle = 0.0
+                case Deleted():
+                    yield _event("video.deleted", VideoDeleted(id=video_id).model_dump_json())
+                case Quiet():  # a comment line keeps proxies from closing a quiet stream
+                    yield ": keep-alive\n\n"
 
     return capped_stream(request, caller, stream(), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-@dataclasses.dataclass(frozen=True)
-class _Seen:
-    """What an event stream last told of a job: a change in any of it is the next event."""
-
-    status: JobStatus
-    progress: int
-    steps_done: int
-    stage: str | None
-    warnings: int
-    queue_position: int | None = None
-
-    @classmethod
-    def of(cls, job: Job) -> "_Seen":
-        return cls(job.status, job.progress, job.steps_done, job.stage, len(job.warnings))
 
 
 def _event(kind: str, data: str) -> str:

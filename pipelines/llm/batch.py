@@ -9,32 +9,18 @@ attention are its own sequence's, so a seeded answer is the same whatever it run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .kv_cache import KVCache
 from .model import ChatModel
-from .paged_attention import PagedStep, PrefillPiece
-from .sequence import Sequence
+from .paged_attention import PagedStep
+from .sequence import Piece, Sequence
 
 # Shared blocks worth a cascade: below this, reading them with each sequence's own costs less than
 # the second attention call (benchmarks/RESULTS.md, "Chat: paged attention on CPU").
 CASCADE_BLOCKS = 8
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Tokens [start, stop) of a sequence, computed in this step."""
-
-    seq: Sequence
-    start: int
-    stop: int
-
-    @property
-    def done(self) -> bool:
-        """Its last token is the sequence's last: its logits give the next token."""
-        return self.stop == self.seq.num_tokens
 
 
 @dataclass(frozen=True)
@@ -53,12 +39,12 @@ def build_step(model: ChatModel, cache: KVCache, decoding: list[Sequence], piece
     row = [Piece(seq, seq.computed, seq.computed + 1) for seq in decoding] + pieces
     ids = [token for p in row for token in p.seq.token_ids(p.start, p.stop)]
     embeds = model.embed(ids)
-    columns, at = [], 0
-    for p in row:
-        columns.append(at)
-        at += p.stop - p.start
-    for p, column in zip(pieces, columns[len(decoding):]):
-        _place_images(embeds[column:column + p.stop - p.start], p, features.get(p.seq.id, {}))
+    prefill, at = [], len(decoding)
+    for p in pieces:
+        prefill.append(_laid_out(p, at, size, device))
+        at += p.length
+    for p in prefill:
+        _place_images(embeds[p.at:p.at + p.length], p, features.get(p.seq.id, {}))
 
     positions = torch.cat([_positions(model, p) for p in row], dim=-1)
     slots = torch.cat([_slots(p, size) for p in row]).to(device)
@@ -76,10 +62,8 @@ def build_step(model: ChatModel, cache: KVCache, decoding: list[Sequence], piece
             dtype = cache.keys[0].dtype
             decode_mask = torch.zeros(decode_mask.shape, dtype=dtype, device=device).masked_fill_(
                 ~decode_mask, float("-inf"))
-    prefill = tuple(_prefill_piece(p, column, size, device) for p, column in zip(pieces, columns[len(decoding):]))
-    logits_at = list(range(len(decoding))) + [column + p.stop - p.start - 1
-                                              for p, column in zip(pieces, columns[len(decoding):]) if p.done]
-    step = PagedStep(cache, slots, len(decoding), decode_blocks, decode_mask, prefill, shared)
+    logits_at = list(range(len(decoding))) + [p.at + p.length - 1 for p in prefill if p.done]
+    step = PagedStep(cache, slots, len(decoding), decode_blocks, decode_mask, tuple(prefill), shared)
     return StepInputs(embeds[None], positions.unsqueeze(-2).to(device), step,
                       torch.tensor(logits_at, dtype=torch.long, device=device))
 
@@ -127,10 +111,10 @@ def _slots(p: Piece, size: int) -> torch.Tensor:
     return torch.tensor(p.seq.block_table)[index // size] * size + index % size
 
 
-def _prefill_piece(p: Piece, column: int, size: int, device) -> PrefillPiece:
-    length = p.stop - p.start
+def _laid_out(p: Piece, column: int, size: int, device) -> Piece:
+    """A prompt piece at its column of the row, with the blocks and mask of its past if it has one."""
     if p.start == 0:
-        return PrefillPiece(column, length, 0)
+        return replace(p, at=column)
     blocks = torch.tensor(p.seq.block_table[:-(-p.stop // size)], device=device)
-    mask = torch.arange(p.stop)[None] <= (p.start + torch.arange(length))[:, None]  # its past, itself, not after
-    return PrefillPiece(column, length, p.start, blocks, mask.to(device))
+    mask = torch.arange(p.stop)[None] <= (p.start + torch.arange(p.length))[:, None]  # its past, itself, not after
+    return replace(p, at=column, blocks=blocks, mask=mask.to(device))

@@ -30,18 +30,20 @@ from typing import AsyncIterator
 import torch
 
 from vidserve.errors import EngineOverloaded, InvalidRequest
+from vidserve.options import RepetitionOptions
 
-from .batch import Piece, build_step
+from .batch import build_step
 from .blocks import BlockPool
 from .encoding import ImageEncoding
 from .grammar import Grammars, mask_logits
 from .kv_cache import BLOCK_SIZE, KVCache, kv_budget
-from .model import ChatModel, Prompt
+from .model import ChatModel
 from .paged_attention import cascade_supported
 from .prefill import PackedPrefill
+from .prompt import Prompt
 from .repetition import RepetitionDetector, exempt_token_ids
 from .sampler import sample
-from .sequence import Output, SamplingParams, Sequence, Status
+from .sequence import Output, Piece, SamplingParams, Sequence, Status
 
 
 class LLMEngine:
@@ -54,7 +56,9 @@ class LLMEngine:
         self.max_running, self.max_waiting = max_running, max_waiting
         self.metrics = metrics  # telemetry.ChatMetrics or None
         self.grammars = Grammars(model.tokenizer, model.vocab_size)
-        self.cache = KVCache(model, kv_budget(model, max_running, kv_tokens), BLOCK_SIZE)
+        shape = model.kv_shape
+        self.cache = KVCache(shape, kv_budget(shape, model.device, model.max_context, max_running, kv_tokens),
+                             model.device, BLOCK_SIZE)
         self.blocks = BlockPool(self.cache.num_blocks, BLOCK_SIZE, prefix_cache)
         self.cascade = cascade_supported(model.device)  # decoding reads shared prefix blocks once
         self.waiting: deque[Sequence] = deque()
@@ -71,7 +75,7 @@ class LLMEngine:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        exempt_token_ids(model.tokenizer, SamplingParams(1).repetition.exempt)  # the slow first call, at load
+        exempt_token_ids(model.tokenizer, RepetitionOptions().exempt)  # the slow first call, at load
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -81,14 +85,26 @@ class LLMEngine:
         whole KV cache if that is smaller."""
         return min(self.model.max_context, self.blocks.capacity)
 
+    def room(self, prompt: Prompt) -> int:
+        """The most tokens an answer to `prompt` could take (below 1: none)."""
+        return self.max_sequence_tokens - len(prompt.token_ids)
+
+    def check_fits(self, prompt: Prompt, max_tokens: int) -> None:
+        """The context length's one check: the prompt and `max_tokens` more must fit in a sequence."""
+        limit, prompt_tokens = self.max_sequence_tokens, len(prompt.token_ids)
+        if prompt_tokens + max_tokens <= limit:
+            return
+        held = ("this model's context" if limit == self.model.max_context
+                else "this server's KV cache (VIDSERVE_CHAT_KV_TOKENS)")
+        room = limit - prompt_tokens
+        raise InvalidRequest(
+            f"the prompt is {prompt_tokens} tokens and the answer may take {max_tokens} more, but {held} holds "
+            f"{limit}, prompt and answer together: shorten the messages"
+            + (f" or set max_tokens to at most {room}" if room > 0 else ""),
+            param="max_tokens" if room > 0 else "messages", code="context_length_exceeded")
+
     def submit(self, prompt: Prompt, params: SamplingParams, grammar=None, on_output=lambda _: None) -> Sequence:
-        limit = self.max_sequence_tokens
-        if len(prompt.token_ids) + params.max_tokens > limit:
-            held = ("this model's context" if limit == self.model.max_context
-                    else "this server's KV cache (VIDSERVE_CHAT_KV_TOKENS)")
-            raise InvalidRequest(
-                f"{held} holds {limit} tokens; the prompt has {len(prompt.token_ids)} and max_tokens asks for "
-                f"{params.max_tokens} more", param="max_tokens", code="context_length_exceeded")
+        self.check_fits(prompt, params.max_tokens)
         rep = params.repetition
         detector = RepetitionDetector(rep, exempt_token_ids(self.model.tokenizer, rep.exempt)) if rep.enabled else None
         matcher = self.grammars.matcher(grammar) if grammar is not None else None

@@ -23,7 +23,6 @@ import inspect
 import tempfile
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import torch
 from PIL import Image
@@ -43,22 +42,11 @@ from vidserve.registry import ChatModelSpec
 from ..devices import placement
 from ..fetch import fetching
 from . import paged_attention
+from .kv_cache import KVShape
 from .prefix import ImageSpan
+from .prompt import Prompt
 from .tiny import build_tiny_vlm
 from .vision_size import processed_size
-
-
-@dataclass
-class Prompt:
-    token_ids: list[int]
-    images: list[ChatImage] = field(default_factory=list)
-    # M-RoPE models only. An image's tokens take (t, h, w) grid positions, so the text
-    # after it continues from the grid's largest position + 1, not from its token count:
-    # `positions` are the prompt's [3, tokens] (None: a text-only prompt, 0..n-1 in all
-    # three rows), and the position of generated token i is prompt tokens + i + `rope_delta`.
-    positions: torch.Tensor | None = None
-    rope_delta: int = 0
-    image_spans: list[ImageSpan] = field(default_factory=list)  # each image's placeholders, in order
 
 
 def _without_video(processor_class):
@@ -176,6 +164,10 @@ class ChatModel:
                 f"the image is {image.width}x{image.height}; {self.spec.name}'s processor would scale it to "
                 f"{size[0]}x{size[1]} = {size[0] * size[1]} pixels, and the limit is {max_pixels} "
                 "(VIDSERVE_CHAT_MAX_VISION_PIXELS): send a smaller or less elongated image", code="image_too_large")
+
+    @property
+    def kv_shape(self) -> KVShape:
+        return KVShape.of(self.text_config, self.model.dtype)
 
     def rope_positions(self, prompt: Prompt) -> torch.Tensor:
         """[3, tokens] M-RoPE positions of a prompt, on the model's device."""

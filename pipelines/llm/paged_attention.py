@@ -29,20 +29,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .kv_cache import KVCache
+from .sequence import Piece
 
 NAME = "vidserve_paged"
-
-
-@dataclass(frozen=True)
-class PrefillPiece:
-    """Columns [at, at + length) of the row are a prompt's tokens [start, start + length);
-    `blocks` (with `mask` [length, start + length]) its blocks to read when it has a past."""
-
-    at: int
-    length: int
-    start: int
-    blocks: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +41,7 @@ class PagedStep:
     decoding: int  # columns [0, decoding): one token per decoding sequence
     decode_blocks: torch.Tensor | None  # [decoding, most blocks]: each one's blocks after the shared ones, padded
     decode_mask: torch.Tensor | None  # [decoding, 1, 1, most blocks * block_size]: its real tokens there
-    pieces: tuple[PrefillPiece, ...]
+    pieces: tuple[Piece, ...]  # the prompt pieces, laid out in the row (`at`; `blocks` and `mask` with a past)
     shared_blocks: torch.Tensor | None = None  # the blocks every decoding sequence begins with, read once
 
     def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

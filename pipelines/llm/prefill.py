@@ -23,9 +23,8 @@ import torch
 
 from vidserve.errors import InvalidRequest
 
-from .batch import Piece
 from .blocks import BlockPool
-from .sequence import Sequence
+from .sequence import Piece, Sequence
 
 # Budgets in a burst step. Packed in one row, prompts share the matrix multiplies while each
 # attends only to itself: a row's attention grows with its prompts' own lengths, not the row's.

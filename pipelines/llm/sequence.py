@@ -1,20 +1,22 @@
 """One request's life in the engine: its prompt, sampling parameters, generated tokens,
-text so far, its blocks of the KV cache, and why it stopped."""
+text so far, its blocks of the KV cache, and why it stopped; and a `Piece` of it, the tokens
+one engine step computes."""
 
 from __future__ import annotations
 
 import itertools
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
 
 import torch
+from pydantic import ConfigDict, Field
 
-from vidserve.options import RepetitionOptions
+from vidserve.sampling import SamplingOptions
 
-from .model import Prompt
+from .prompt import Prompt
 
 _ids = itertools.count()
 
@@ -23,19 +25,22 @@ _ids = itertools.count()
 CLOSING_MAX_TOKENS = 256
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0  # 0: greedy
-    top_p: float = 1.0
-    seed: int | None = None  # the same seed, prompt and parameters give the same tokens
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False  # benchmarks: every request generates exactly max_tokens
-    prefix_cache: bool = True  # take cached prefix blocks and offer this request's own
+class SamplingParams(SamplingOptions):
+    """A sequence's sampling options as the engine runs them: the request's `SamplingOptions`,
+    its answer's bound resolved, and whose prefix cache it uses."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_tokens: int = Field(ge=1)
     # Whose cache: cached prefix blocks and image features are shared only between sequences
     # with the same salt (service.py derives it from the API key or the request's cache_salt).
     cache_salt: bytes = b""
-    repetition: RepetitionOptions = field(default_factory=RepetitionOptions)
+
+    @classmethod
+    def of(cls, options: SamplingOptions, *, max_tokens: int, cache_salt: bytes) -> SamplingParams:
+        """Every option the request declares, whatever it is (the request body extends them)."""
+        asked = {name: getattr(options, name) for name in SamplingOptions.model_fields}
+        return cls(**{**asked, "max_tokens": max_tokens, "cache_salt": cache_salt})
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,29 @@ class Output:
     stop_reason: str | None = None
     error: str | None = None  # set with finish_reason "error": the engine failed this sequence
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens [start, stop) of a sequence, computed in one engine step. Once batch.py has laid
+    out the step's row: `at`, the column of its first token there, and for a prompt piece with a
+    past, the `blocks` it reads (with `mask` [length, stop]: its past and itself, nothing after)."""
+
+    seq: Sequence
+    start: int
+    stop: int
+    at: int = 0
+    blocks: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def done(self) -> bool:
+        """Its last token is the sequence's last: its logits give the next token."""
+        return self.stop == self.seq.num_tokens
 
 
 class Status(Enum):
@@ -110,10 +138,6 @@ class Sequence:
         if stop <= len(prompt):
             return prompt[start:stop]
         return prompt[start:] + self.output_ids[max(start - len(prompt), 0):stop - len(prompt)]
-
-    @property
-    def last_token(self) -> int:
-        return self.output_ids[-1]
 
     @property
     def finished(self) -> bool:

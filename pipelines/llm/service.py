@@ -1,7 +1,9 @@
 """The chat path's one entry: `ChatService` prepares a call (OpenAI messages to the model's
-prompt, within its context and the server's limits, the sampling, the grammar of a
-structured output), then streams or generates it on the resident LLM engine. The chat API
-and the video path's prompt writer both call it, so a call is prepared one way.
+prompt, the answer bounded by the server's limits, the sampling parameters built from the
+request's `SamplingOptions`, the grammar of a structured output), then streams or generates it
+on the resident LLM engine, whose `check_fits` is the one check that prompt and answer fit its
+context. The chat API and the video path's prompt writer both call it, so a call is prepared
+one way.
 
 The service also decides whose prefix cache a call uses (its cache salt): by default each API
 key its own, so no key learns from `cached_tokens` or from time to first token whether
@@ -14,13 +16,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from vidserve.chat import to_model_messages
+from vidserve.chat import Message, to_model_messages
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
-from vidserve.options import RepetitionOptions
+from vidserve.sampling import SamplingOptions
 
 from .engine import LLMEngine
-from .model import Prompt
+from .prompt import Prompt
 from .sequence import Output, SamplingParams
 
 
@@ -51,17 +53,15 @@ class ChatService:
     def stop(self) -> None:
         self.engine.stop()
 
-    def prepare(self, messages: list[dict], *, max_tokens: int | None = None, temperature: float = 1.0,
-                top_p: float = 1.0, seed: int | None = None, stop: tuple[str, ...] = (), ignore_eos: bool = False,
-                repetition: RepetitionOptions | None = None, response_format: dict | None = None,
-                prefix_cache: bool = True, tenant: str | None = None, cache_salt: str | None = None,
-                from_client: bool = True) -> ChatCall:
+    def prepare(self, messages: list[Message], options: SamplingOptions, *, response_format: dict | None = None,
+                tenant: str | None = None, cache_salt: str | None = None, from_client: bool = True) -> ChatCall:
         """Decode the images, apply the chat template, bound the answer, compile the grammar.
 
         A client's images are held to the server's limits (size, bytes, remote fetching, the
         pixels the model's processor would scale them to); the video path's own frames
-        (`from_client=False`) only to the model's. `tenant` is the API key's name (None: a
-        server without keys), `cache_salt` the request's."""
+        (`from_client=False`) only to the model's. `options` may be the request body itself
+        (it extends them); `tenant` is the API key's name (None: a server without keys),
+        `cache_salt` the request's."""
         model, settings = self.engine.model, self.settings
         if from_client:
             converted, images = to_model_messages(
@@ -71,18 +71,13 @@ class ChatService:
         else:
             converted, images = to_model_messages(messages, max_pixels=2**31, max_bytes=2**31, remote_images=False)
         prompt = model.encode(converted, images)
-        limit = self.engine.max_sequence_tokens
-        room = limit - len(prompt.token_ids)
-        if room < 1:
-            held = "this model's context" if limit == model.max_context else "this server's KV cache"
-            raise InvalidRequest(f"the prompt is {len(prompt.token_ids)} tokens; {held} holds {limit}",
-                                 param="messages", code="context_length_exceeded")
-        if max_tokens is not None and max_tokens > settings.chat_max_tokens:
-            raise InvalidRequest(f"max_tokens is {max_tokens}; this server allows at most {settings.chat_max_tokens}",
-                                 param="max_tokens")
-        params = SamplingParams(max_tokens=max_tokens or min(room, settings.chat_max_tokens), temperature=temperature,
-                                top_p=top_p, seed=seed, stop=stop, ignore_eos=ignore_eos, prefix_cache=prefix_cache,
-                                cache_salt=self._salt(tenant, cache_salt), repetition=repetition or RepetitionOptions())
+        if options.max_tokens is not None and options.max_tokens > settings.chat_max_tokens:
+            raise InvalidRequest(f"max_tokens is {options.max_tokens}; this server allows at most "
+                                 f"{settings.chat_max_tokens}", param="max_tokens")
+        # Unbounded, an answer may take what the context leaves: at least a token, which the engine's
+        # context check refuses when the prompt leaves none.
+        max_tokens = options.max_tokens or max(1, min(self.engine.room(prompt), settings.chat_max_tokens))
+        params = SamplingParams.of(options, max_tokens=max_tokens, cache_salt=self._salt(tenant, cache_salt))
         return ChatCall(prompt, params, self.engine.grammars.compile(response_format))
 
     def _salt(self, tenant: str | None, cache_salt: str | None) -> bytes:

@@ -14,6 +14,7 @@ import time
 
 from vidserve import jobs
 from vidserve.jobs import InvalidTransition, JobNotFound, JobStatus, JobStore
+from vidserve.jobs.files import JobFiles
 from vidserve.storage import Storage
 
 log = logging.getLogger("vidserve.jobs.expiry")
@@ -44,7 +45,7 @@ class ExpirySweeper:
             for job in due:
                 # Files first, then the record: a crash between leaves it due, and the next sweep
                 # deletes nothing more and marks it.
-                self.storage.delete_prefix(f"{job.id}/")
+                self.storage.delete_prefix(JobFiles(job.id).prefix)
                 try:
                     self.store.update(job.id, jobs.expire(now))
                 except (JobNotFound, InvalidTransition):  # deleted, or swept by another sweeper, meanwhile

@@ -12,16 +12,26 @@ Keys, under `prefix`:
     {prefix}:lock:{name}       a lock's holder token, expiring with the lock (try_lock)
 Every write of a job keeps its keys in step atomically: create (its limits checked in the same
 step) and delete in one script or MULTI, update through WATCH/MULTI/EXEC so a concurrent change forces a retry.
+The same step PUBLISHes on the job's channel, `{prefix}:changed:{id}` (`line` when the write moved
+the queue's line: a create, a delete, a new status; `job` otherwise), which each process hears on
+one pattern subscription (`subscribe`).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Callable, Iterable
 
 import redis
 
 from vidserve.jobs import (AdmissionLimits, Job, JobNotFound, JobStatus, JobStore, QuotaExceeded, WebhookDelivery,
                            check_page)
+from vidserve.jobs.store import ChangeListener, JobChange
+
+log = logging.getLogger("vidserve.jobs")
+
+LINE_CHANGED, JOB_CHANGED = "line", "job"  # what a change message says
 
 # Runs atomically on the server: no other create can come between the idempotency check and
 # the insert (the key's GET, then SET, is a SET NX), nor between the counts the limits are
@@ -29,7 +39,8 @@ from vidserve.jobs import (AdmissionLimits, Job, JobNotFound, JobStatus, JobStor
 # visible, so listing never skips a job committed late. The owner's active jobs are counted over
 # the queued and running ones (bounded by the queue's limit and the workers), not its history.
 # KEYS: job, jobs, seq, status set, owner set ('' for none), queued set, in_progress set,
-# idem ('' for none). ARGV: id, json, job-key prefix, max_queued (0: none), max_active (0: none).
+# idem ('' for none). ARGV: id, json, job-key prefix, max_queued (0: none), max_active (0: none),
+# the job's change channel.
 # Returns {1} stored, {0, existing json}, {2} id taken, {3, queued} or {4, the owner's active}: refused.
 _CREATE = """
 if KEYS[8] ~= '' then
@@ -57,6 +68,7 @@ local seq = redis.call('INCR', KEYS[3])
 redis.call('ZADD', KEYS[2], seq, ARGV[1])
 if KEYS[5] ~= '' then redis.call('ZADD', KEYS[5], seq, ARGV[1]) end
 redis.call('SADD', KEYS[4], ARGV[1])
+redis.call('PUBLISH', ARGV[6], 'line')
 return {1}
 """
 
@@ -89,7 +101,8 @@ class RedisJobStore(JobStore):
                 self._jobs_key(job.owner) if job.owner is not None else "",
                 self.status_key(JobStatus.queued), self.status_key(JobStatus.in_progress),
                 self._key("idem", job.idempotency_key) if job.idempotency_key is not None else ""]
-        args = [job.id, job.model_dump_json(), self._key("job", ""), limits.max_queued or 0, limits.max_active or 0]
+        args = [job.id, job.model_dump_json(), self._key("job", ""), limits.max_queued or 0, limits.max_active or 0,
+                self._channel(job.id)]
         outcome = self._create(keys=keys, args=args)
         if outcome[0] == 1:
             return job, True
@@ -121,6 +134,7 @@ class RedisJobStore(JobStore):
             pipe.set(key, job.model_dump_json())
             if job.status != before:
                 pipe.smove(self.status_key(before), self.status_key(job.status), job_id)
+            pipe.publish(self._channel(job_id), LINE_CHANGED if job.status != before else JOB_CHANGED)
             return job
 
         return self._redis.transaction(attempt, key, value_from_callable=True)
@@ -142,9 +156,20 @@ class RedisJobStore(JobStore):
             if job.idempotency_key is not None:
                 # A stored job always owns its key (create refuses a taken one), so free it.
                 pipe.delete(self._key("idem", job.idempotency_key))
+            pipe.publish(self._channel(job_id), LINE_CHANGED)
             return True
 
         return self._redis.transaction(attempt, key, value_from_callable=True)
+
+    def _channel(self, job_id: str) -> str:
+        return self._key("changed", job_id)
+
+    def subscribe(self, listener: ChangeListener) -> Callable[[], None]:
+        subscriber = _ChangeSubscriber(self.url, self._channel(""), listener)
+        return subscriber.close
+
+    def line_moved(self, job_id: str) -> None:
+        self._redis.publish(self._channel(job_id), LINE_CHANGED)
 
     def list(self, after: str | None = None, limit: int = 20, order: str = "desc",
              owner: str | None = None) -> tuple[list[Job], bool]:
@@ -208,3 +233,50 @@ class RedisJobStore(JobStore):
 
     def close(self) -> None:
         self._redis.close()
+
+
+class _ChangeSubscriber:
+    """A process's one connection hearing every job change on the store, from any process: a
+    pattern subscription on a thread of its own, handing each message to `listener`. Messages
+    published while it is not connected are lost, so each time it (re)subscribes, a restarted
+    Redis included, it tells `listener` that anything may have changed."""
+
+    RETRY_SECONDS = (0.1, 2.0)  # the first wait before connecting again, and the longest
+
+    def __init__(self, url: str, channel_prefix: str, listener: ChangeListener):
+        self._url, self._prefix, self._listener = url, channel_prefix, listener
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vidserve-job-changes", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        wait = self.RETRY_SECONDS[0]
+        while not self._stop.is_set():
+            client = redis.Redis.from_url(self._url, decode_responses=True)
+            pubsub = client.pubsub()
+            try:
+                pubsub.psubscribe(self._prefix + "*")
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)  # the timeout only lets close() end the loop
+                    if message is not None and self._hand_on(message):
+                        wait = self.RETRY_SECONDS[0]
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                log.warning("job change notifications from Redis interrupted (%s); reconnecting", exc)
+            finally:
+                pubsub.close()
+                client.close()
+            self._stop.wait(wait)
+            wait = min(wait * 2, self.RETRY_SECONDS[1])
+
+    def _hand_on(self, message: dict) -> bool:
+        """Pass a message on; whether it was the subscription's confirmation (a fresh connection)."""
+        if message["type"] == "psubscribe":
+            self._listener(JobChange(None, line=True))  # whatever was published while it was not listening
+            return True
+        if message["type"] == "pmessage":
+            self._listener(JobChange(message["channel"][len(self._prefix):], line=message["data"] == LINE_CHANGED))
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

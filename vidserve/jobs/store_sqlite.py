@@ -4,6 +4,9 @@ Several processes (API server, workers) may open the same file. WAL lets readers
 beside one writer, `busy_timeout` makes a writer wait for the lock instead of failing,
 and every write runs under BEGIN IMMEDIATE, so a read-modify-write never interleaves
 with another process's. Open one store per process (after any fork).
+
+Its change notifications (`subscribe`) are in-process: the API and its embedded worker write
+through one store object, which tells its listeners after each commit.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Callable, Iterable, Iterator
 
 from vidserve.jobs import (AdmissionLimits, Job, JobNotFound, JobStatus, JobStore, QuotaExceeded, WebhookDelivery,
                            check_page)
+from vidserve.jobs.store import ChangeListener, ChangeListeners, JobChange
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (
@@ -52,6 +56,7 @@ class SQLiteJobStore(JobStore):
         # leaves transactions to the explicit BEGINs below.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._lock = threading.RLock()
+        self._changes = ChangeListeners()
         self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")  # first, so the rest can wait too
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = NORMAL")  # safe with WAL; a power cut may lose the last commit
@@ -93,7 +98,8 @@ class SQLiteJobStore(JobStore):
             ).rowcount
             if not inserted:
                 raise ValueError(f"job {job.id} already exists")
-            return job, True
+        self._changes.notify(JobChange(job.id, line=True))  # after the commit: a listener's read sees it
+        return job, True
 
     @staticmethod
     def _admit(db: sqlite3.Connection, job: Job, limits: AdmissionLimits) -> None:
@@ -118,14 +124,25 @@ class SQLiteJobStore(JobStore):
             if row is None:
                 raise JobNotFound(job_id)
             job = Job.model_validate_json(row[0])
+            before = job.status
             change(job)
             db.execute("UPDATE jobs SET status = ?, data = ? WHERE id = ?",
                        (job.status.value, job.model_dump_json(), job_id))
-            return job
+        self._changes.notify(JobChange(job_id, line=job.status is not before))
+        return job
 
     def delete(self, job_id: str) -> bool:
         with self._lock:
-            return self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
+            deleted = self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
+        if deleted:
+            self._changes.notify(JobChange(job_id, line=True))
+        return deleted
+
+    def subscribe(self, listener: ChangeListener) -> Callable[[], None]:
+        return self._changes.add(listener)
+
+    def line_moved(self, job_id: str) -> None:
+        self._changes.notify(JobChange(job_id, line=True))
 
     def list(self, after: str | None = None, limit: int = 20, order: str = "desc",
              owner: str | None = None) -> tuple[list[Job], bool]:

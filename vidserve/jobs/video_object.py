@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vidserve.jobs import Job, JobError, JobStatus
-from vidserve.jobs.standing import Standing
+from vidserve.jobs import ChunkDrift, ChunkRecord, Job, JobError, JobStatus
+from vidserve.jobs.place_in_line import PlaceInLine
 from vidserve.loras import LoraRequest
 from vidserve.media.quality import OutputWarning
 from vidserve.priorities import Priority
@@ -20,9 +20,34 @@ class VideoChunk(BaseModel):
 
     index: int
     frames: int
-    drift: dict[str, Any] = Field(description="Drift metrics against the chunk it continues (drift.py).")
+    drift: ChunkDrift = Field(description="Drift metrics against the chunk it continues (drift.py).")
     prompt: str | None = None
     segment: str | None = Field(None, description="Its segment of the video's HLS stream (a path on this API).")
+
+    @classmethod
+    def of(cls, video_id: str, chunk: ChunkRecord, segment_name: str | None) -> "VideoChunk":
+        return cls(index=chunk.index, frames=chunk.frames, drift=chunk.drift, prompt=chunk.prompt,
+                   segment=segment_path(video_id, segment_name))
+
+
+class VideoChunkEvent(BaseModel):
+    """A chunk as `video.chunk` tells of it, on the event stream and to webhooks: made, and
+    downloadable at `url` at once, while the rest of the video is still being made."""
+
+    video_id: str
+    index: int
+    frames: int
+    drift: ChunkDrift = Field(description="Drift metrics against the chunk it continues (drift.py).")
+    prompt: str | None = Field(None, description="What it was made from, where a prompt update steered it.")
+    url: str = Field(description="The chunk's MP4: `content?variant=chunk&index=N` (a path on this API).")
+    segment: str | None = Field(description="Its segment of the video's HLS stream (a path on this API).")
+    stream_url: str = Field(description="The video's HLS playlist (a path on this API).")
+
+    @classmethod
+    def of(cls, video_id: str, chunk: ChunkRecord, segment_name: str | None) -> "VideoChunkEvent":
+        return cls(video_id=video_id, index=chunk.index, frames=chunk.frames, drift=chunk.drift, prompt=chunk.prompt,
+                   url=f"/v1/videos/{video_id}/content?variant=chunk&index={chunk.index}",
+                   segment=segment_path(video_id, segment_name), stream_url=stream_path(video_id))
 
 
 class VideoObject(BaseModel):
@@ -85,15 +110,15 @@ class VideoObject(BaseModel):
     metadata: dict[str, str] | None
 
     @classmethod
-    def of(cls, job: Job, stream_token: str | None = None, standing: Standing | None = None) -> "VideoObject":
-        """`stream_token`: what the stream URL carries, on a server with keys; `standing`: where a
+    def of(cls, job: Job, stream_token: str | None = None, place: PlaceInLine | None = None) -> "VideoObject":
+        """`stream_token`: what the stream URL carries, on a server with keys; `place`: where a
         queued job stands in its line."""
         p = job.params
         frames, seconds = p.source_frames + p.num_frames, p.seconds
         if job.status is JobStatus.completed and job.stop_after_chunks is not None:  # a session stopped early
-            frames = p.source_frames + sum(c["frames"] for c in job.chunks)
+            frames = p.source_frames + sum(c.frames for c in job.chunks)
             seconds = f"{frames / p.fps:g}"
-        segments = {s["name"].removesuffix(".m4s"): s["name"] for s in job.segments}
+        segments = {s.chunk: s.name for s in job.segments}
         return cls(
             id=job.id, model=job.model, status=job.status.value, progress=job.progress,
             stage=job.stage if job.status is JobStatus.in_progress else None,
@@ -101,16 +126,15 @@ class VideoObject(BaseModel):
             created_at=int(job.created_at), completed_at=_unix(job.completed_at), expires_at=_unix(job.expires_at),
             prompt=job.prompt, seconds=seconds, size=f"{p.width}x{p.height}",
             remixed_from_video_id=job.remixed_from_video_id, error=job.error, warnings=job.warnings,
-            priority=p.priority, queue_position=standing.position if standing else None,
-            estimated_start_at=_unix(standing.estimated_start_at) if standing else None,
+            priority=p.priority, queue_position=place.position if place else None,
+            estimated_start_at=_unix(place.estimated_start_at) if place else None,
             negative_prompt=p.negative_prompt or None, num_frames=frames, fps=p.fps, num_inference_steps=p.steps,
             guidance_scale=p.guidance, seed=p.seed,
             attention={**p.attention.model_dump(), "effective": job.attention_effective},
             cache=p.cache.model_dump(), loras=list(p.loras), preset=p.preset, prompts=list(p.prompts) or None,
             prompt_extend=p.prompt_extend, extended_prompt=job.extended_prompt, caption_chain=p.caption_chain,
             drift_correction=p.drift_correction, extends_video_id=job.extends_video_id,
-            chunks=[VideoChunk(index=c["index"], frames=c["frames"], drift=c["drift"], prompt=c.get("prompt"),
-                               segment=segment_path(job.id, segments.get(str(c["index"])))) for c in job.chunks],
+            chunks=[VideoChunk.of(job.id, c, segments.get(c.index)) for c in job.chunks],
             stream_url=stream_path(job.id) + (f"?token={stream_token}" if stream_token else ""),
             has_input_reference=job.input_image_key is not None,
             outputs=[r.describe(frames, p.fps, job.output_bytes.get(r.name)) for r in p.outputs],

@@ -182,7 +182,7 @@ class VideoGenerator(Protocol):
 CORRECTIONS = ("color", "none")
 # The fewest frames a chunk makes: its first is the frame it opens on (the condition, or the
 # frame a first chunk starts from), so it needs one more. Requests are held to it before a job
-# exists (`vidserve.requests.MIN_FRAMES`).
+# exists (`vidserve.video_request.MIN_FRAMES`).
 MIN_CHUNK_FRAMES = 2
 
 

@@ -23,7 +23,6 @@ import numpy as np
 
 from vidserve.media import encode_mp4, ffmpeg_exe, stderr_tail
 
-INIT_NAME = "init.mp4"
 _CONTAINERS = {b"moov", b"trak", b"mdia", b"moof", b"traf"}
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from vidserve.config import Settings
 from vidserve.errors import InvalidRequest
 from vidserve.media.formats import CODECS, FORMATS, QUALITY_LEVELS, default_codec, is_lossless
-from vidserve.requests import parse_size
+from vidserve.video_request import parse_size
 from vidserve.media.retime import MIN_INTERPOLATION_SIDE, frame_count
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"

@@ -1,4 +1,4 @@
-"""Where a waiting job stands: its place in line and when it should start.
+"""A waiting job's place in line, and when it should start.
 
 The estimate plays the line forward on the lane's workers: each is free once its running job
 has run the model's mean recent duration (at once, for one past it), and each job ahead takes
@@ -23,7 +23,7 @@ RECENT_JOBS = 10  # a model's completed jobs whose durations make its estimates
 
 
 @dataclass(frozen=True)
-class Standing:
+class PlaceInLine:
     position: int  # 1: the next job to start on its workers (a key's job: the next of its key's jobs)
     estimated_start_at: float | None  # unix time; None without recent durations to go by
 
@@ -48,9 +48,9 @@ def mean_durations(recent: dict[str, Sequence[float]]) -> dict[str, float]:
     return {model: fmean(seconds) for model, seconds in recent.items() if seconds}
 
 
-def standings(order: list[InLine], running: list[Running], durations: dict[str, float], workers: int,
-              now: float) -> dict[str, Standing]:
-    """job id -> Standing, for the jobs of `order`, in the order they will start, on `workers`
+def places_in_line(order: list[InLine], running: list[Running], durations: dict[str, float], workers: int,
+              now: float) -> dict[str, PlaceInLine]:
+    """job id -> PlaceInLine, for the jobs of `order`, in the order they will start, on `workers`
     workers running `running` now. A key's job stands among its key's jobs only (see above)."""
     ends = [None if run.model not in durations else max(0.0, run.started_at + durations[run.model] - now)
             for run in running]
@@ -66,5 +66,5 @@ def standings(order: list[InLine], running: list[Running], durations: dict[str, 
             heapq.heappush(free, start + durations[job.model])
             estimate = now + start
         ahead_of_key[job.key] += 1
-        result[job.id] = Standing(ahead_of_key[job.key], None) if job.key else Standing(position, estimate)
+        result[job.id] = PlaceInLine(ahead_of_key[job.key], None) if job.key else PlaceInLine(position, estimate)
     return result

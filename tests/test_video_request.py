@@ -8,7 +8,7 @@ from vidserve.errors import InvalidRequest, UnknownModel
 from vidserve.media.drift import MIN_CHUNK_FRAMES
 from vidserve.registry import MODELS, resolve
 from vidserve.options import GenerationOptions
-from vidserve.requests import MIN_FRAMES, build_request, frames_for_seconds, parse_size
+from vidserve.video_request import MIN_FRAMES, build_request, frames_for_seconds, parse_size
 
 SETTINGS = Settings()
 TINY = MODELS["wan-tiny"]

@@ -1,7 +1,8 @@
-"""The request contract of the Videos API (responses are `vidserve.jobs.video_object`).
+"""The Videos API's contract: request bodies, and the lists and deletions answered beside the video
+object (`vidserve.jobs.video_object.VideoObject`).
 
 The generation options are `vidserve.options.GenerationOptions`, which these extend. They
-check types and shapes; `vidserve.requests.build_request` checks values against the model and
+check types and shapes; `vidserve.video_request.build_request` checks values against the model and
 the server's limits (prompt length included), the same rules the CLI gets."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from vidserve.jobs.video_object import VideoObject
 from vidserve.media.renditions import OutputRequest
 from vidserve.options import GenerationOptions, QueueOptions
 from vidserve.webhooks import EVENT_TYPES
@@ -84,3 +86,22 @@ class VideoRemix(QueueOptions):
 
     prompt: str
     outputs: list[OutputRequest] | None = Field(None, max_length=64, description=OUTPUTS_DESCRIPTION)
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VideoObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+    @classmethod
+    def of(cls, videos: list[VideoObject], has_more: bool) -> "VideoList":
+        return cls(data=videos, first_id=videos[0].id if videos else None,
+                   last_id=videos[-1].id if videos else None, has_more=has_more)
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = True

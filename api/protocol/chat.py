@@ -1,45 +1,23 @@
 """The contract of /v1/chat/completions: OpenAI's request shape, plus vidserve's
 `repetition_detection`, `prefix_cache`, `ignore_eos` (benchmarks) and vLLM's `cache_salt`.
-Unsupported OpenAI fields are rejected by name rather than silently ignored."""
+Unsupported OpenAI fields are rejected by name rather than silently ignored. The sampling
+fields are `vidserve/sampling.py` `SamplingOptions`, which the request extends; the messages
+are `vidserve/chat.py`'s, which the engine's prompt is made from."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
-from vidserve.options import RepetitionOptions
+from vidserve.chat import Message
+from vidserve.sampling import SamplingOptions
 
-from .forms import MAX_JSON_DEPTH, nesting_depth
+from ..forms import MAX_JSON_DEPTH, nesting_depth
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class ImageURL(_Strict):
-    url: str = Field(min_length=1)
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ImagePart(_Strict):
-    type: Literal["image_url"]
-    image_url: ImageURL
-
-
-Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # e.g. `name`, `refusal` on replayed assistant turns
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[Part] | None = None
 
 
 class StreamOptions(_Strict):
@@ -65,35 +43,22 @@ class ResponseFormat(_Strict):
     json_schema: JSONSchema | None = None
 
 
-class ChatCompletionCreate(_Strict):
+class ChatCompletionCreate(SamplingOptions):
+    """The request: the messages, the sampling options (`SamplingOptions`, declared once for the
+    API and the engine), and what the API itself reads."""
+
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, lt=2**63, description="0 to 2^63-1, as for videos.")
-    stop: str | list[str] | None = None
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens; it "
+                                              "wins when both are sent.")
     n: Literal[1] = 1
     response_format: ResponseFormat | None = None
-    repetition_detection: bool | RepetitionOptions = True
-    ignore_eos: bool = False
-    prefix_cache: bool = Field(True, description="Reuse the KV cache of a prompt that began the same way (and "
-                               "offer this one's); false computes the whole prompt and shares nothing.")
     cache_salt: str | None = Field(None, min_length=1, max_length=256, description="Share the prefix cache "
                                    "with every request that sends this salt, whichever API key sends it, and with no "
                                    "other (as vLLM's): make it long and random, and tell only those who may share.")
     user: str | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, stop: str | list[str] | None) -> list[str]:
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes up to 4 non-empty strings")
-        return stops
 
     @field_validator("response_format")
     @classmethod
@@ -104,11 +69,11 @@ class ChatCompletionCreate(_Strict):
                              "JSON short; leave stop out (the grammar ends the answer when the JSON is complete)")
         return response_format
 
-    @property
-    def repetition(self) -> RepetitionOptions:
-        if isinstance(self.repetition_detection, bool):
-            return RepetitionOptions(enabled=self.repetition_detection)
-        return self.repetition_detection
+    @model_validator(mode="after")
+    def _one_answer_bound(self) -> ChatCompletionCreate:
+        if self.max_completion_tokens is not None:
+            self.max_tokens = self.max_completion_tokens
+        return self
 
     def format_dict(self) -> dict | None:
         return self.response_format.model_dump(by_alias=True, exclude_none=True) if self.response_format else None
