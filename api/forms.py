@@ -19,6 +19,7 @@ from vidserve.errors import ECHO_CHARS, echo, from_validation_error
 from vidserve.media import decode_data_url
 
 from .errors import APIError
+from .protocol.json_values import MAX_JSON_DEPTH, nesting_depth
 from .protocol.videos import VideoCreate, VideoExtend
 
 
@@ -35,9 +36,6 @@ def _structured_fields(*models: type[BaseModel]) -> frozenset[str]:
 
 # Multipart carries every field as a string; these hold JSON.
 JSON_FIELDS = _structured_fields(VideoCreate, VideoExtend)
-# Levels of lists and objects one field's value may have: far more than any real request,
-# and far fewer than the ~1000 at which Python's json gives up with a RecursionError.
-MAX_JSON_DEPTH = 32
 
 
 async def read_body(request: Request, limit: int, file_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict]:
@@ -222,18 +220,6 @@ def _parse_field(key: str, value: str) -> Any:
     if nesting_depth(parsed) > MAX_JSON_DEPTH:
         raise _too_deep(key)
     return parsed
-
-
-def nesting_depth(value: Any) -> int:
-    """Levels of lists and objects in a parsed JSON value (0 for a scalar), counted without recursion."""
-    deepest, pending = 0, [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, depth)
-            pending.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")

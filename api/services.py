@@ -74,10 +74,14 @@ class Services:
 
     def video(self, job: Job, places_in_line: dict[str, PlaceInLine] | None = None) -> VideoObject:
         """The video object as this API answers with it: on a server with keys, its stream URL signed;
-        queued, where it stands (from `places_in_line`, the queue's for its model, when a caller has them)."""
+        queued, where it stands: in `places_in_line` when a caller read them with the job (an event
+        stream), else in the queue's line, read now."""
         place = None
         if job.status is JobStatus.queued:
-            place = (self.queue.places_in_line(job.model) if places_in_line is None else places_in_line).get(job.id)
+            if places_in_line is None:
+                job, place = self._placed(job, self.queue.places_in_line(job.model))
+            else:
+                place = places_in_line.get(job.id)
         # Signed for the owner's key, so its links stop when that key is removed (a video made before the
         # server had keys has no owner: its link carries no token, and an admin's header plays it).
         token = self.stream_tokens.sign(job.id, job.owner) if self.keyring.enabled and job.owner else None
@@ -87,7 +91,17 @@ class Services:
         """Video objects of many jobs, each model's line read once."""
         models = {job.model for job in page if job.status is JobStatus.queued}
         lines = {model: self.queue.places_in_line(model) for model in models}
-        return [self.video(job, lines.get(job.model)) for job in page]
+        placed = [self._placed(job, lines[job.model]) if job.status is JobStatus.queued else (job, None)
+                  for job in page]
+        return [self.video(job, {job.id: place} if place else {}) for job, place in placed]
+
+    def _placed(self, job: Job, line: dict[str, PlaceInLine]) -> tuple[Job, PlaceInLine | None]:
+        """A queued job read before its `line`, and its place there; one that left the line in between
+        (it started, or ended) as it is now."""
+        place = line.get(job.id)
+        if place is None:
+            job = self.store.get(job.id) or job
+        return job, place
 
     def unavailable(self, spec: ModelSpec) -> str | None:
         """Why a job for `spec` would not run now, and what to do about it; None if it would.

@@ -8,12 +8,17 @@ thread would cost every test that builds an app."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import uvicorn
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from polling import eventually
 from queues import IdleQueue
+from servers import free_port
 
 from vidserve.api.app import create_app
 from vidserve.api.services import Services
@@ -34,6 +39,23 @@ def idle_services(tmp_path: Path, *, store=None, storage=None, **settings) -> Se
     # A sender with no store behind it: a test's own store may be down (it keeps no outbox).
     webhooks = WebhookSender(generate_secret(), allow_private_urls=config.allow_private_urls)
     return Services(config, store, storage or LocalStorage(tmp_path / "files"), IdleQueue(), Metrics(), webhooks)
+
+
+@contextmanager
+def served_app(services: Services) -> Iterator[tuple[str, FastAPI]]:
+    """The app on a real loopback socket (uvicorn runs its lifespan), where streams stay open while
+    a test does other things (the TestClient runs each request to its end): its URL, and the app."""
+    app = create_app(services.settings, services)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    eventually(lambda: server.started, timeout=60, what="the test server to start")
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 @contextmanager

@@ -4,18 +4,14 @@ max_streams event streams open, each counted until its client leaves or it ends.
 
 from __future__ import annotations
 
-import threading
 
 import httpx
 import pytest
-import uvicorn
-from apps import app_client
+from apps import app_client, served_app
 from polling import eventually
-from servers import free_port
 from test_hostile_input import assert_openai_error
 from test_tenancy import BODY, as_key, tenant_services
 
-from vidserve.api.app import create_app
 
 
 def unread_body(read: list[bool]):
@@ -58,17 +54,8 @@ def served(tmp_path, request):
     """The app on a real loopback socket: streams stay open there while the test does other
     things (the TestClient runs each request to its end)."""
     services = tenant_services("sqlite", request, tmp_path, **{"team-a": {"max_streams": 2}})
-    app = create_app(services.settings, services)  # uvicorn runs its lifespan, so no app_client here
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    eventually(lambda: server.started, timeout=60, what="the test server to start")
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with served_app(services) as served:
+        yield served
 
 
 def open_events(http: httpx.Client, video_id: str) -> httpx.Response:

@@ -8,21 +8,16 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
 import redis
-import uvicorn
-from apps import idle_services
+from apps import idle_services, served_app
 from polling import eventually
-from servers import free_port
 from test_outages import own_redis  # noqa: F401  (a fixture: a redis-server of the test's own, to kill)
 from test_tenancy import BODY
 
 from vidserve import jobs
-from vidserve.api.app import create_app
 from vidserve.api.services import Services
 from vidserve.jobs.store_redis import RedisJobStore
 from vidserve.jobs.store_sqlite import SQLiteJobStore
@@ -69,22 +64,6 @@ def store(request, tmp_path) -> Counting:
         return CountingSQLite(tmp_path / "jobs.sqlite")
     url = request.getfixturevalue("redis_url")
     return CountingRedis(url, prefix=f"events-{secrets.token_hex(4)}")
-
-
-@contextmanager
-def serve(services: Services) -> Iterator[str]:
-    """The app on a real loopback socket, where many streams stay open at once."""
-    app = create_app(services.settings, services)  # uvicorn runs its lifespan
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    eventually(lambda: server.started, timeout=60, what="the test server to start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 class Stream:
@@ -137,7 +116,7 @@ async def follow(url: str, services: Services, video_ids: list[str]) -> tuple[in
 
 def test_open_streams_on_queued_jobs_read_nothing_until_a_change_which_reaches_each(store, tmp_path):
     services = idle_services(tmp_path, store=store, event_keepalive_seconds=KEEP_ALIVE, max_queued=STREAMS)
-    with serve(services) as url:
+    with served_app(services) as (url, _):
         with httpx.Client(base_url=url, timeout=60) as http:
             video_ids = [http.post("/v1/videos", json=BODY).json()["id"] for _ in range(STREAMS)]
         idle_reads, streams = asyncio.run(follow(url, services, video_ids))
@@ -150,7 +129,7 @@ def test_open_streams_on_queued_jobs_read_nothing_until_a_change_which_reaches_e
 def test_a_stream_on_redis_hears_changes_after_the_redis_server_restarts(own_redis, tmp_path):  # noqa: F811
     store = CountingRedis(own_redis.url, prefix="events")
     services = idle_services(tmp_path, store=store, event_keepalive_seconds=KEEP_ALIVE)
-    with serve(services) as url:
+    with served_app(services) as (url, _):
         with httpx.Client(base_url=url, timeout=60) as http:
             video_id = http.post("/v1/videos", json=BODY).json()["id"]
         eventually(lambda: own_redis.on_disk(video_id), timeout=30, what="the job to reach the append-only file")

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from vidserve.config import Settings
-from vidserve.errors import InvalidRequest, echo, from_validation_error
+from vidserve.errors import InvalidRequest, from_validation_error
 from vidserve.loras import LoraRegistry, LoraRequest
 from vidserve.media.drift import MIN_CHUNK_FRAMES
 from vidserve.media.quality import OutputWarning
+from vidserve.media.renditions import parse_size
 from vidserve.options import AttentionOptions, CacheOptions, GenerationOptions
 from vidserve.registry import ModelSpec
 from vidserve.vocabulary import prompt_warnings
@@ -90,17 +90,6 @@ def frames_for_seconds(seconds: float, fps: int) -> int:
 
 # ASCII digits only: str.isdigit() also takes superscripts, which int() then refuses. Six at
 # most, so no digit string is long enough for int() to refuse either.
-_SIZE = re.compile(r"\s*([0-9]{1,6})\s*[xX]\s*([0-9]{1,6})\s*")
-
-
-def parse_size(size: str) -> tuple[int, int]:
-    """'WxH' -> (width, height)."""
-    match = _SIZE.fullmatch(size)
-    if match is None:
-        raise InvalidRequest(f"size must look like WIDTHxHEIGHT (e.g. 832x480), got {echo(size)}", param="size")
-    return int(match.group(1)), int(match.group(2))
-
-
 def build_request(
     spec: ModelSpec,
     settings: Settings,

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from vidserve.chat import Message
 from vidserve.sampling import SamplingOptions
 
-from ..forms import MAX_JSON_DEPTH, nesting_depth
+from .json_values import MAX_JSON_DEPTH, nesting_depth
 
 
 class _Strict(BaseModel):

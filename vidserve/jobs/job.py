@@ -1,16 +1,7 @@
 """The video job's record and its states.
 
-Job state lives here, not in a queue's result backend. Every change to a job is a
-transition function applied through `JobStore.update`, which runs it atomically
-(read, apply, write) so two workers, or a worker and a cancel request, never race.
-
-    queued ──start──> in_progress ──complete──> completed
-      │                  │  ├──────fail──────> failed
-      │                  │  └──cancelled─────> cancelled
-      │                  ├──release (an outage)──> lease lapsed at once, then as below
-      │                  └──lease lost──> queued again (or failed, attempts used up)
-      └──cancel──> cancelled
-"""
+Job state lives here, not in a queue's result backend: every change to a job is a transition
+(`transitions.py`) applied through `JobStore.update`, which runs it atomically."""
 
 from __future__ import annotations
 

@@ -15,9 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from vidserve.config import Settings
-from vidserve.errors import InvalidRequest
+from vidserve.errors import InvalidRequest, echo
 from vidserve.media.formats import CODECS, FORMATS, QUALITY_LEVELS, default_codec, is_lossless
-from vidserve.video_request import parse_size
 from vidserve.media.retime import MIN_INTERPOLATION_SIDE, frame_count
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -28,6 +27,15 @@ GIF_MAX_SIDE = 480
 MIN_SIDE = 16  # x265 refuses smaller frames
 
 FpsMode = Literal["interpolate", "blend"]
+_SIZE = re.compile(r"\s*([0-9]{1,6})\s*[xX]\s*([0-9]{1,6})\s*")
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """'WxH' -> (width, height)."""
+    match = _SIZE.fullmatch(size)
+    if match is None:
+        raise InvalidRequest(f"size must look like WIDTHxHEIGHT (e.g. 832x480), got {echo(size)}", param="size")
+    return int(match.group(1)), int(match.group(2))
 
 
 class OutputRequest(BaseModel):
