@@ -74,21 +74,18 @@ class Services:
 
     def video(self, job: Job, places_in_line: dict[str, PlaceInLine] | None = None) -> VideoObject:
         """The video object as this API answers with it: on a server with keys, its stream URL signed;
-        queued, where it stands: in `places_in_line` when a caller read them with the job (an event
-        stream), else in the queue's line, read now."""
+        queued, where it stands (from `places_in_line`, the queue's for its model, when a caller has them)."""
         place = None
         if job.status is JobStatus.queued:
-            if places_in_line is None:
-                job, place = self._placed(job, self.queue.places_in_line(job.model))
-            else:
-                place = places_in_line.get(job.id)
+            place = (self.queue.places_in_line(job.model) if places_in_line is None else places_in_line).get(job.id)
         # Signed for the owner's key, so its links stop when that key is removed (a video made before the
         # server had keys has no owner: its link carries no token, and an admin's header plays it).
         token = self.stream_tokens.sign(job.id, job.owner) if self.keyring.enabled and job.owner else None
         return VideoObject.of(job, token, place)
 
     def videos(self, page: list[Job]) -> list[VideoObject]:
-        """Video objects of many jobs, each model's line read once."""
+        """Video objects of a page of jobs, each model's line read once, after the page: a job that
+        left its line in between (it started, or ended) is read again, and shown as it is now."""
         models = {job.model for job in page if job.status is JobStatus.queued}
         lines = {model: self.queue.places_in_line(model) for model in models}
         placed = [self._placed(job, lines[job.model]) if job.status is JobStatus.queued else (job, None)
